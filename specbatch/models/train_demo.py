@@ -1,0 +1,216 @@
+"""The training recipe of the bundled demo pair: `specbatch models train-demo`.
+
+A byte-level BPE tokenizer, a Llama target trained on code + prose and a much smaller Llama draft
+trained on code only (prose is its poorly matched domain). Every number in the model card comes
+from `evaluate` on the held-out split, so re-running the recipe re-measures it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specbatch.models.corpus import Document, documents
+
+log = logging.getLogger(__name__)
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+
+
+@dataclass(frozen=True)
+class Recipe:
+    vocab_size: int = 4096
+    seq_len: int = 256
+    batch_size: int = 16
+    target: ModelShape = ModelShape(256, 6, 4, 768)
+    draft: ModelShape = ModelShape(128, 1, 2, 384)
+    target_steps: int = 1200
+    draft_steps: int = 400
+    target_prose_share: float = 0.3
+    peak_lr: float = 3e-3
+    seed: int = 0
+
+
+def train_tokenizer(docs: list[Document], vocab_size: int) -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator((doc.text for doc in docs), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=PAD)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def token_stream(docs: list[Document], tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
+    """All documents, each followed by EOS, as one flat tensor of token ids."""
+    ids: list[int] = []
+    for doc in docs:
+        ids.extend(tokenizer(doc.text)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def build_model(shape: ModelShape, recipe: Recipe, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=recipe.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+def train(
+    model: LlamaForCausalLM,
+    streams: list[tuple[torch.Tensor, float]],
+    steps: int,
+    recipe: Recipe,
+) -> float:
+    """Next-token training on random windows drawn from weighted token streams; returns seconds."""
+    rng = random.Random(recipe.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.peak_lr, weight_decay=0.1, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(step, steps) / steps))),
+    )
+    weights = [weight for _, weight in streams]
+    model.train()
+    started = time.perf_counter()
+    for step in range(steps):
+        batch = []
+        for _ in range(recipe.batch_size):
+            stream = rng.choices(streams, weights=weights)[0][0]
+            start = rng.randrange(0, len(stream) - recipe.seq_len - 1)
+            batch.append(stream[start : start + recipe.seq_len + 1])
+        windows = torch.stack(batch)  # [batch, seq_len + 1]
+        logits = model(input_ids=windows[:, :-1], use_cache=False).logits  # [batch, seq_len, vocab]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % 50 == 0 or step == steps - 1:
+            log.info("step %d/%d loss %.3f (%.0f s)", step, steps, loss.item(), time.perf_counter() - started)
+    model.eval()
+    return time.perf_counter() - started
+
+
+@torch.no_grad()
+def heldout_loss(model: LlamaForCausalLM, stream: torch.Tensor, seq_len: int, max_windows: int = 64) -> float:
+    """Mean next-token loss over consecutive held-out windows."""
+    num_windows = min(max_windows, (len(stream) - 1) // seq_len)
+    losses = []
+    for index in range(num_windows):
+        window = stream[index * seq_len : (index + 1) * seq_len + 1].unsqueeze(0)
+        logits = model(input_ids=window[:, :-1], use_cache=False).logits
+        losses.append(torch.nn.functional.cross_entropy(logits[0], window[0, 1:]).item())
+    return sum(losses) / len(losses)
+
+
+@torch.no_grad()
+def greedy_acceptance(
+    target: LlamaForCausalLM,
+    draft: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    docs: list[Document],
+    prompt_tokens: int = 48,
+    new_tokens: int = 64,
+) -> dict[str, float]:
+    """Per-token greedy acceptance: how often the draft's argmax equals the target's along the
+    target's own greedy continuation of held-out prompts; also how often the target stops at EOS."""
+    agree = total = stopped = 0
+    for doc in docs:
+        prompt = tokenizer(doc.text)["input_ids"][:prompt_tokens]
+        sequence = target.generate(
+            torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+        generated = sequence.shape[1] - len(prompt)
+        stopped += int(sequence[0, -1].item() == tokenizer.eos_token_id)
+        target_argmax = target(input_ids=sequence, use_cache=False).logits.argmax(-1)
+        draft_argmax = draft(input_ids=sequence, use_cache=False).logits.argmax(-1)
+        span = slice(len(prompt) - 1, len(prompt) - 1 + generated)
+        agree += int((target_argmax[0, span] == draft_argmax[0, span]).sum())
+        total += generated
+    return {"acceptance": agree / max(total, 1), "eos_share": stopped / max(len(docs), 1)}
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def train_demo(output_dir: Path, recipe: Recipe = Recipe(), eval_docs: int = 48) -> dict:
+    """Run the whole recipe, save tokenizer + both models, and write the measured model card."""
+    torch.manual_seed(recipe.seed)
+    code, prose = documents("code", "train"), documents("prose", "train")
+    code_eval, prose_eval = documents("code", "heldout"), documents("prose", "heldout")
+    tokenizer = train_tokenizer(code + prose, recipe.vocab_size)
+    code_stream, prose_stream = token_stream(code, tokenizer), token_stream(prose, tokenizer)
+
+    target = build_model(recipe.target, recipe, tokenizer)
+    target_s = train(
+        target,
+        [(code_stream, 1 - recipe.target_prose_share), (prose_stream, recipe.target_prose_share)],
+        recipe.target_steps,
+        recipe,
+    )
+    draft = build_model(recipe.draft, recipe, tokenizer)
+    draft_s = train(draft, [(code_stream, 1.0)], recipe.draft_steps, recipe)
+
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(output_dir / name)
+        tokenizer.save_pretrained(output_dir / name)
+
+    card = {
+        "recipe": asdict(recipe),
+        "tokens": {"code_train": len(code_stream), "prose_train": len(prose_stream)},
+        "parameters": {"target": count_parameters(target), "draft": count_parameters(draft)},
+        "training_s": {"target": round(target_s), "draft": round(draft_s)},
+        "heldout_loss": {},
+        "greedy": {},
+    }
+    for domain, docs in (("code", code_eval), ("prose", prose_eval)):
+        stream = token_stream(docs, tokenizer)
+        card["heldout_loss"][domain] = {
+            "target": round(heldout_loss(target, stream, recipe.seq_len), 3),
+            "draft": round(heldout_loss(draft, stream, recipe.seq_len), 3),
+        }
+        sample = random.Random(recipe.seed).sample(docs, min(eval_docs, len(docs)))
+        card["greedy"][domain] = {k: round(v, 3) for k, v in greedy_acceptance(target, draft, tokenizer, sample).items()}
+    (output_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    return card
