@@ -46,6 +46,7 @@ class Sequence:
     slot: int | None = None
     finish_reason: str | None = None
     drop_reason: str | None = None
+    drop_message: str | None = None
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None

@@ -1,0 +1,270 @@
+"""Readers for each input format: they turn a dataset into a stream of `RawRecord`s.
+
+A reader never judges a record's content (that is `specbatch.data.validate`); it only reports what
+it could not read at all (bytes that are not UTF-8, text that is not JSON, a line too large to hold)
+as a `RawRecord` with a drop reason, so every input record still yields exactly one row downstream.
+
+Everything that makes the *whole* dataset unusable (no such path, unknown format, a mapped column
+that does not exist) raises `DatasetError` from `resolve_dataset`, before any work is done.
+
+Memory does not grow with the dataset: JSONL is read line by line (a line is read with a size limit,
+so even a gigabyte without a newline is skipped in bounded chunks), Parquet and Hugging Face datasets
+in record batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FIELDS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop", "domain")
+FORMATS = ("jsonl", "openai_batch", "parquet", "hf_saved", "hf:<builder>")
+BATCH_ROWS = 4096  # rows per Arrow batch read from Parquet / HF datasets
+MAX_RECORD_BYTES = 10 * 1024 * 1024
+_PEEK_LINES = 1000  # lines read to find the first JSON object when detecting OpenAI batch files
+_HF_SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+class DatasetError(ValueError):
+    """A dataset the job cannot read at all; the CLI prints it and exits with code 2."""
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """One input record as read: a parsed value, or why it could not be read.
+
+    `position` is the record's 0-based index in the input: the line index for JSONL (blank lines
+    keep their index but yield no record), the row index for Parquet and HF datasets.
+    """
+
+    position: int
+    value: Any = None
+    drop_reason: str | None = None
+    drop_message: str | None = None
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """A dataset path with its resolved format and column mapping (our field -> source column)."""
+
+    path: Path
+    format: str
+    column_map: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_dataset(
+    path: str | Path, dataset_format: str | None = None, column_map: dict[str, str] | None = None
+) -> DatasetSource:
+    """Check that the dataset can be read and settle its format; raise `DatasetError` otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"dataset not found: {path}")
+    fmt = dataset_format or detect_format(path)
+    _check_format(path, fmt)
+    mapping = _check_column_map(fmt, column_map or {})
+    source = DatasetSource(path, fmt, mapping)
+    if fmt in ("parquet", "hf_saved"):
+        _check_columns(source, _table_columns(source))
+    elif fmt.startswith("hf:") and (first := next(iter(_open_hf_files(source)), None)) is not None:
+        _check_columns(source, list(first))
+    return source
+
+
+def detect_format(path: Path) -> str:
+    """Guess the format from the path: HF saved directory, `.parquet`, or JSON Lines."""
+    if path.is_dir():
+        if any((path / marker).exists() for marker in _HF_SAVED_MARKERS):
+            return "hf_saved"
+        raise DatasetError(
+            f"{path} is a directory but not a saved Hugging Face dataset (no dataset_info.json or "
+            "state.json); pass a file, or a format such as hf:json / hf:csv for data files"
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix == ".csv":
+        return "hf:csv"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return _detect_json_lines(path)
+    raise DatasetError(f"cannot tell the format of {path} from its name; choose one of {', '.join(FORMATS)}")
+
+
+def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RawRecord]:
+    """Stream the dataset's records in input order."""
+    if source.format in ("jsonl", "openai_batch"):
+        return iter_json_lines(source.path, max_record_bytes)
+    if source.format == "parquet":
+        return _iter_table_rows(_parquet_batches(source.path))
+    if source.format == "hf_saved":
+        return _iter_table_rows(_hf_saved_batches(source.path))
+    return _iter_hf_files(source)
+
+
+def iter_json_lines(path: Path, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RawRecord]:
+    """One record per non-blank line; whitespace-only lines are skipped silently (no record)."""
+    with path.open("rb") as file:
+        for position, line in enumerate(_lines(file, max_record_bytes)):
+            if line is None:
+                yield RawRecord(
+                    position,
+                    drop_reason="record_too_large",
+                    drop_message=f"line is longer than {max_record_bytes} bytes",
+                )
+            elif line.strip():
+                yield _parse_line(position, line)
+
+
+def _lines(file: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
+    """Lines as bytes; a line over `max_bytes` (newline excluded) is consumed in chunks -> None."""
+    while line := file.readline(max_bytes + 1):
+        if len(line) <= max_bytes or line.endswith(b"\n"):
+            yield line
+            continue
+        while (chunk := file.readline(1 << 20)) and not chunk.endswith(b"\n"):
+            pass
+        yield None
+
+
+def _parse_line(position: int, line: bytes) -> RawRecord:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        message = f"line is not valid UTF-8 (byte {error.start}: {error.reason})"
+        return RawRecord(position, drop_reason="invalid_utf8", drop_message=message)
+    if position == 0:
+        text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark some editors write
+    try:
+        return RawRecord(position, json.loads(text))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, int digit limit, deep nesting
+        message = f"line is not valid JSON: {str(error)[:200]}"
+        return RawRecord(position, drop_reason="invalid_json", drop_message=message)
+
+
+def _detect_json_lines(path: Path) -> str:
+    """`openai_batch` if the first JSON object has `custom_id` and `body`, else `jsonl`."""
+    with path.open("rb") as file:
+        if file.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+            raise DatasetError(f"{path} is UTF-16 encoded; convert it to UTF-8 JSON Lines")
+        file.seek(0)
+        head = islice(_lines(file, MAX_RECORD_BYTES), _PEEK_LINES)
+        lines = (line for line in head if line and line.strip())
+        for index, line in enumerate(lines):
+            if index == 0 and line.lstrip().startswith(b"[") and path.suffix.lower() == ".json":
+                raise DatasetError(f"{path} looks like a JSON array, not JSON Lines (one object per line)")
+            value = _parse_line(index, line).value
+            if isinstance(value, dict):
+                return "openai_batch" if {"custom_id", "body"} <= value.keys() else "jsonl"
+    return "jsonl"
+
+
+def _check_format(path: Path, fmt: str) -> None:
+    known = fmt in ("jsonl", "openai_batch", "parquet", "hf_saved") or (fmt.startswith("hf:") and fmt[3:])
+    if not known:
+        raise DatasetError(f"unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "hf_saved" and not path.is_dir():
+        raise DatasetError(f"format hf_saved needs a directory written by save_to_disk, got {path}")
+    if fmt in ("jsonl", "openai_batch", "parquet") and not path.is_file():
+        raise DatasetError(f"format {fmt} needs a file, got {path}")
+    if fmt == "parquet":
+        try:
+            pq.ParquetFile(path).close()
+        except (OSError, pa.ArrowException) as error:
+            raise DatasetError(f"{path} is not a readable Parquet file: {error}") from error
+
+
+def _check_column_map(fmt: str, column_map: dict[str, str]) -> dict[str, str]:
+    if not column_map:
+        return {}
+    if fmt == "openai_batch":
+        raise DatasetError("a column mapping does not apply to OpenAI batch files")
+    unknown = sorted(set(column_map) - set(FIELDS))
+    if unknown:
+        known = ", ".join(FIELDS)
+        raise DatasetError(f"column mapping names unknown fields {unknown}; known fields: {known}")
+    bad = [key for key, value in column_map.items() if not isinstance(value, str) or not value]
+    if bad:
+        raise DatasetError(f"column mapping for {bad} must name a source column")
+    return dict(column_map)
+
+
+def _check_columns(source: DatasetSource, columns: list[str]) -> None:
+    """A mapped column that does not exist, or no prompt at all, is a whole-dataset mistake."""
+    missing = sorted(src for src in source.column_map.values() if src not in columns)
+    if missing:
+        raise DatasetError(f"{source.path}: mapped columns {missing} not found; columns are {columns}")
+    names = {key: source.column_map.get(key, key) for key in ("prompt", "messages")}
+    if not any(src in columns for src in names.values()):
+        raise DatasetError(
+            f"{source.path} has no prompt column ({names['prompt']!r}) or messages column "
+            f"({names['messages']!r}); columns are {columns}; map one with a column mapping"
+        )
+
+
+def _table_columns(source: DatasetSource) -> list[str]:
+    if source.format == "parquet":
+        return list(pq.ParquetFile(source.path).schema_arrow.names)
+    return list(_load_hf_saved(source.path).column_names)
+
+
+def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[RawRecord]:
+    position = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield RawRecord(position, row)
+            position += 1
+
+
+def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    with pq.ParquetFile(path) as file:
+        yield from file.iter_batches(batch_size=BATCH_ROWS)
+
+
+def _load_hf_saved(path: Path) -> Any:
+    """The dataset in a `save_to_disk` directory; a DatasetDict yields its `train` (or only) split."""
+    import datasets  # heavy import, only for this format
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (OSError, ValueError, FileNotFoundError) as error:
+        raise DatasetError(f"cannot load the Hugging Face dataset at {path}: {error}") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if "train" not in loaded and len(splits) != 1:
+            raise DatasetError(f"{path} holds splits {splits}; pass the directory of one split")
+        loaded = loaded["train" if "train" in loaded else splits[0]]
+    return loaded
+
+
+def _hf_saved_batches(path: Path) -> Iterator[pa.Table]:
+    yield from _load_hf_saved(path).with_format("arrow").iter(batch_size=BATCH_ROWS)
+
+
+def _iter_hf_files(source: DatasetSource) -> Iterator[RawRecord]:
+    for position, row in enumerate(_open_hf_files(source)):
+        yield RawRecord(position, row)
+
+
+def _open_hf_files(source: DatasetSource) -> Any:
+    """Local data files through `datasets.load_dataset(builder, streaming=True)`: no cache copy."""
+    import datasets
+
+    builder = source.format[3:]
+    files = [str(source.path)] if source.path.is_file() else _data_files(source.path)
+    try:
+        return datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+    except (OSError, ValueError, FileNotFoundError) as error:
+        raise DatasetError(f"cannot load {source.path} with datasets builder {builder!r}: {error}") from error
+
+
+def _data_files(directory: Path) -> list[str]:
+    files = sorted(str(p) for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise DatasetError(f"{directory} holds no data files")
+    return files

@@ -1,0 +1,234 @@
+"""Stream a dataset into grouped Parquet shards: `JOB_DIR/shards/shard-00000.parquet`, ...
+
+Every input record lands in exactly one shard row, dropped ones too (with `drop_reason` set), so
+workers can account for each record without going back to the dataset. Records are buffered in
+windows of `io.group_window` (rounded up to whole shards), tokenized in one batch per window, sorted
+by (domain, prompt length) and cut into shards of `io.shard_size` rows: a worker gets similar
+requests, which keeps its shape buckets full. Memory holds one window plus the set of seen ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from specbatch.config import IOConfig, JobConfig
+from specbatch.data.ingest import iter_records, resolve_dataset
+from specbatch.data.validate import Request, ValidationLimits, Validator
+
+log = logging.getLogger(__name__)
+
+SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("position", pa.int64(), nullable=False),  # 0-based record index in the input
+        pa.field("prompt", pa.string()),  # null when dropped by validation
+        pa.field("prompt_token_ids", pa.list_(pa.int32())),  # null when dropped or without a tokenizer
+        pa.field("num_prompt_tokens", pa.int32()),  # null when unknown
+        pa.field("max_new_tokens", pa.int32()),
+        pa.field("temperature", pa.float64()),  # 0 = greedy
+        pa.field("top_p", pa.float64()),
+        pa.field("seed", pa.int64()),
+        pa.field("stop", pa.list_(pa.string())),
+        pa.field("domain", pa.string(), nullable=False),  # "" when not given
+        pa.field("endpoint", pa.string()),  # OpenAI batch url, else null
+        pa.field("metadata", pa.string()),  # JSON object of unknown input fields
+        pa.field("drop_reason", pa.string()),  # a key of validate.DROP_REASONS; null when valid
+        pa.field("drop_message", pa.string()),
+    ]
+)
+_SHARD_PATTERNS = ("shard-*.parquet", "shard-*.parquet.tmp")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    num_records: int
+    num_dropped: int
+
+
+def shard_dataset(
+    dataset: str | Path,
+    job_dir: Path,
+    config: JobConfig,
+    tokenizer: Any = None,
+    max_prompt_tokens: int | None = None,
+    dataset_format: str | None = None,
+    column_map: dict[str, str] | None = None,
+    *,
+    limits: ValidationLimits | None = None,
+) -> list[ShardInfo]:
+    """Validate, tokenize and group every record of `dataset` into `job_dir/shards/`.
+
+    Raises `DatasetError` before writing anything when the dataset cannot be read at all. Shards
+    left by an earlier, interrupted call are removed first: sharding is deterministic, so a rerun
+    writes the same shards. `max_prompt_tokens` is checked only when a tokenizer is given.
+    """
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
+    source = resolve_dataset(dataset, dataset_format, column_map)
+    limits = limits or ValidationLimits()
+    validator = Validator(
+        config.sampling,
+        openai_batch=source.format == "openai_batch",
+        column_map=source.column_map,
+        tokenizer=tokenizer,
+        limits=limits,
+    )
+    encoder = PromptEncoder(tokenizer) if tokenizer is not None else None
+    if encoder is None and max_prompt_tokens is not None:
+        log.warning("no tokenizer given: prompt lengths are not checked against %d tokens", max_prompt_tokens)
+    writer = ShardWriter(Path(job_dir) / "shards", config.io.shard_size)
+    requests = map(validator, iter_records(source, limits.max_record_bytes))
+    for window in _windows(requests, window_size(config.io)):
+        if encoder is not None:
+            _tokenize(window, encoder, max_prompt_tokens)
+        window.sort(key=_group_key)
+        writer.write(window)
+    _log_summary(source.path, writer)
+    return writer.shards
+
+
+def read_shard(path: str | Path) -> pa.Table:
+    return pq.read_table(path, schema=SHARD_SCHEMA)
+
+
+def read_shard_requests(path: str | Path) -> list[Request]:
+    """A shard's rows as `Request`s, in shard order."""
+    return [Request(**row) for row in read_shard(path).to_pylist()]
+
+
+def window_size(io: IOConfig) -> int:
+    """`group_window` rounded up to whole shards, so only the last shard of a job is short."""
+    return max(1, -(-io.group_window // io.shard_size)) * io.shard_size
+
+
+class PromptEncoder:
+    """Batched tokenization without special tokens.
+
+    The tokenizer's own call (`tokenizer(texts, add_special_tokens=False)`) is the reference. For a
+    fast tokenizer whose Rust backend gives the same ids on a sample, the backend's
+    `encode_batch_fast` (no offsets) is used instead: about 2x faster on short prompts.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.backend: Any = None
+        self.checked = False
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        if not self.checked:
+            self.backend = self._matching_backend(texts[:32])
+            self.checked = True
+        if self.backend is not None:
+            return _backend_ids(self.backend, texts)
+        return self._reference(texts)
+
+    def _reference(self, texts: list[str]) -> list[list[int]]:
+        encoded = self.tokenizer(
+            texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+        )
+        return encoded["input_ids"]
+
+    def _matching_backend(self, sample: list[str]) -> Any:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or not hasattr(backend, "encode_batch_fast"):
+            return None
+        reference = self._reference(sample)  # also resets the backend's truncation and padding
+        return backend if _backend_ids(backend, sample) == reference else None
+
+
+def _backend_ids(backend: Any, texts: list[str]) -> list[list[int]]:
+    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+class ShardWriter:
+    """Writes rows as numbered shards of at most `shard_size`, each atomically (tmp + rename)."""
+
+    def __init__(self, directory: Path, shard_size: int) -> None:
+        self.directory = directory
+        self.shard_size = shard_size
+        self.shards: list[ShardInfo] = []
+        self.drop_counts: Counter[str] = Counter()
+        directory.mkdir(parents=True, exist_ok=True)
+        for pattern in _SHARD_PATTERNS:  # leftovers of an interrupted run
+            for stale in directory.glob(pattern):
+                stale.unlink()
+
+    def write(self, requests: list[Request]) -> None:
+        for start in range(0, len(requests), self.shard_size):
+            self._write_shard(requests[start : start + self.shard_size])
+
+    def _write_shard(self, requests: list[Request]) -> None:
+        name = f"shard-{len(self.shards):05d}.parquet"
+        _write_atomic(requests_to_table(requests), self.directory / name)
+        reasons = [request.drop_reason for request in requests if request.drop_reason is not None]
+        self.drop_counts.update(reasons)
+        self.shards.append(ShardInfo(name, len(requests), len(reasons)))
+
+
+def requests_to_table(requests: list[Request]) -> pa.Table:
+    columns = {name: [getattr(request, name) for request in requests] for name in SHARD_SCHEMA.names}
+    return pa.Table.from_pydict(columns, schema=SHARD_SCHEMA)
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as file:
+        pq.write_table(table, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+
+
+def _windows(requests: Iterable[Request], size: int) -> Iterator[list[Request]]:
+    iterator = iter(requests)
+    while window := list(islice(iterator, size)):
+        yield window
+
+
+def _tokenize(window: list[Request], encoder: PromptEncoder, max_prompt_tokens: int | None) -> None:
+    """Token ids for the window's valid prompts; a prompt with no tokens or too many is dropped."""
+    live = [request for request in window if not request.is_dropped]
+    for request, token_ids in zip(live, encoder.encode([request.prompt for request in live]), strict=True):
+        request.num_prompt_tokens = len(token_ids)
+        if not token_ids:
+            _drop_late(request, "empty_prompt", "prompt has no tokens after tokenization")
+        elif max_prompt_tokens is not None and len(token_ids) > max_prompt_tokens:
+            message = f"prompt has {len(token_ids)} tokens; at most {max_prompt_tokens} fit the model context"
+            _drop_late(request, "prompt_too_long", message)
+        else:
+            request.prompt_token_ids = token_ids
+
+
+def _drop_late(request: Request, reason: str, message: str) -> None:
+    """A drop after validation keeps the prompt and its length, for the report."""
+    request.drop_reason, request.drop_message = reason, message
+    request.max_new_tokens = request.temperature = request.top_p = request.seed = request.stop = None
+
+
+def _group_key(request: Request) -> tuple[bool, str, int, int]:
+    """Dropped rows last; then by domain and prompt length (tokens, or characters without a tokenizer)."""
+    length = request.num_prompt_tokens
+    if length is None:
+        length = len(request.prompt) if request.prompt is not None else 0
+    return (request.is_dropped, request.domain, length, request.position)
+
+
+def _log_summary(path: Path, writer: ShardWriter) -> None:
+    num_records = sum(shard.num_records for shard in writer.shards)
+    num_dropped = sum(writer.drop_counts.values())
+    log.info("%s: %d records in %d shards, %d dropped", path, num_records, len(writer.shards), num_dropped)
+    for reason, count in writer.drop_counts.most_common():
+        log.info("  dropped %-24s %d", reason, count)

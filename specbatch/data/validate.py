@@ -1,0 +1,392 @@
+"""Normalization and validation: one `RawRecord` in, one `Request` out, dropped or not.
+
+A bad record never stops a job: it becomes a `Request` with a stable `drop_reason` code (the keys
+of `DROP_REASONS`) and a human `drop_message`, and workers turn it into a `dropped` result without
+model work. Request ids are unique across a job: a record without a readable id, and every later
+occurrence of an id already used (`duplicate_id`), gets the positional id `rec-{position:09d}`.
+
+Types are strict, because silent coercion hides broken producers: a boolean is not an integer, a
+string "5" is not an integer, 5.0 is not an integer, NaN and infinity are not numbers. JSON `null`
+means "not given" (the `SamplingDefaults` value applies), which also covers Parquet nulls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from specbatch.config import SamplingDefaults
+from specbatch.data.ingest import FIELDS, MAX_RECORD_BYTES, RawRecord
+
+_Split = tuple[dict[str, Any], dict[str, Any]]  # (known fields by our names, unknown fields)
+COMPLETIONS_ENDPOINT = "/v1/completions"
+CHAT_ENDPOINT = "/v1/chat/completions"
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
+_OPENAI_BODY_KEYS = frozenset(
+    {"prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n"}
+)
+
+DROP_REASONS: dict[str, str] = {
+    "invalid_utf8": "the line's bytes are not UTF-8",
+    "invalid_json": "the line is not one JSON value",
+    "record_too_large": "the line is longer than the record size limit",
+    "not_an_object": "the record is valid JSON but not an object",
+    "invalid_id": "id / custom_id is not a non-empty string or an integer",
+    "duplicate_id": "an earlier record already used this id",
+    "missing_prompt": "neither prompt nor messages is given",
+    "prompt_and_messages": "both prompt and messages are given",
+    "invalid_prompt": "prompt is not a string",
+    "empty_prompt": "prompt is empty or whitespace, or has no tokens",
+    "invalid_messages": "messages is not a non-empty list of {role, content} objects",
+    "no_chat_template": "chat messages, but the tokenizer has no chat template (or there is no tokenizer)",
+    "chat_template_error": "the chat template raised an error for these messages",
+    "invalid_unicode": "a text field holds a lone surrogate (e.g. an unpaired \\ud800 escape)",
+    "invalid_max_new_tokens": "max_new_tokens is not an integer in [1, limit]",
+    "invalid_temperature": "temperature is not a finite number in [0, 100]",
+    "invalid_top_p": "top_p is not a finite number in (0, 1]",
+    "invalid_seed": "seed is not an integer in [0, 2**63 - 1]",
+    "invalid_stop": "stop is not a non-empty string or a short list of them",
+    "invalid_domain": "domain is not a string",
+    "invalid_metadata": "the unknown fields cannot be stored as JSON",
+    "missing_custom_id": "an OpenAI batch line without custom_id",
+    "unsupported_method": "an OpenAI batch line whose method is not POST",
+    "unsupported_endpoint": "an OpenAI batch url other than /v1/completions or /v1/chat/completions",
+    "invalid_body": "an OpenAI batch body that is not an object, or holds the other endpoint's input",
+    "unsupported_parameter": "a parameter value specbatch cannot honour (n > 1)",
+    "prompt_too_long": "the prompt has more tokens than the model context / KV capacity allows",
+}
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    max_new_tokens_limit: int = 131072
+    max_temperature: float = 100.0
+    max_seed: int = 2**63 - 1
+    max_stops: int = 16
+    max_id_chars: int = 512
+    max_record_bytes: int = MAX_RECORD_BYTES
+
+
+@dataclass(slots=True)
+class Request:
+    """One normalized request: a shard row. Dropped requests keep only id, position and domain."""
+
+    request_id: str
+    position: int
+    prompt: str | None = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    domain: str = ""
+    endpoint: str | None = None
+    metadata: str | None = None  # JSON object of the fields specbatch does not know
+    drop_reason: str | None = None
+    drop_message: str | None = None
+    prompt_token_ids: list[int] | None = None
+    num_prompt_tokens: int | None = None
+
+    @property
+    def is_dropped(self) -> bool:
+        return self.drop_reason is not None
+
+
+class Drop(Exception):
+    """Raised inside validation; the record becomes a dropped `Request`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def positional_id(position: int) -> str:
+    return f"rec-{position:09d}"
+
+
+class Validator:
+    """Turns raw records into requests, remembering ids already used (the only state that grows)."""
+
+    def __init__(
+        self,
+        defaults: SamplingDefaults,
+        *,
+        openai_batch: bool = False,
+        column_map: dict[str, str] | None = None,
+        tokenizer: Any = None,
+        limits: ValidationLimits | None = None,
+    ) -> None:
+        self.defaults = defaults
+        self.openai_batch = openai_batch
+        self.tokenizer = tokenizer
+        self.limits = limits or ValidationLimits()
+        self.sources = {name: (column_map or {}).get(name, name) for name in FIELDS}
+        self.known_sources = frozenset(self.sources.values())
+        self.seen_ids: set[str] = set()
+
+    def __call__(self, raw: RawRecord) -> Request:
+        request = Request(request_id="", position=raw.position)
+        try:
+            if raw.drop_reason is not None:
+                raise Drop(raw.drop_reason, raw.drop_message or raw.drop_reason)
+            if not isinstance(raw.value, dict):
+                raise Drop("not_an_object", f"record is {_describe(raw.value)}, not an object")
+            fields, extra = self._split(raw.value, request)
+            self._fill(request, fields)
+            request.metadata = _metadata_json(extra)
+        except Drop as drop:
+            request = Request(
+                request_id=request.request_id,
+                position=raw.position,
+                domain=request.domain,
+                endpoint=request.endpoint,
+                drop_reason=drop.reason,
+                drop_message=drop.message[:500],
+            )
+        if not request.request_id:
+            request.request_id = self._fallback_id(raw.position)
+        self.seen_ids.add(request.request_id)
+        return request
+
+    def _split(self, record: dict[str, Any], request: Request) -> _Split:
+        """(known fields by our names, unknown fields); sets the request's id and endpoint first."""
+        if self.openai_batch:
+            return self._split_openai(record, request)
+        fields = {name: record.get(source) for name, source in self.sources.items()}
+        request.request_id = self._claim_id(fields["id"], "id", request.position)
+        extra = {key: value for key, value in record.items() if key not in self.known_sources}
+        return fields, extra
+
+    def _split_openai(self, record: dict[str, Any], request: Request) -> _Split:
+        if record.get("custom_id") is None:
+            raise Drop("missing_custom_id", "OpenAI batch line has no custom_id")
+        request.request_id = self._claim_id(record["custom_id"], "custom_id", request.position)
+        method, url, body = record.get("method"), record.get("url"), record.get("body")
+        if method != "POST":
+            raise Drop("unsupported_method", f"method must be POST, got {_describe(method)}")
+        if url not in (COMPLETIONS_ENDPOINT, CHAT_ENDPOINT):
+            raise Drop("unsupported_endpoint", f"url {_describe(url)} is not supported; use "
+                       f"{COMPLETIONS_ENDPOINT} or {CHAT_ENDPOINT}")
+        request.endpoint = url
+        if not isinstance(body, dict):
+            raise Drop("invalid_body", f"body must be an object, got {_describe(body)}")
+        return _openai_fields(url, body), _openai_extra(record, body)
+
+    def _fill(self, request: Request, fields: dict[str, Any]) -> None:
+        """Check every known field; the chat template (the slowest step) runs last."""
+        limits, defaults = self.limits, self.defaults
+        request.domain = _domain(fields.get("domain"))
+        request.max_new_tokens = _integer(
+            fields.get("max_new_tokens"), "max_new_tokens", 1, limits.max_new_tokens_limit,
+            defaults.max_new_tokens,
+        )
+        request.temperature = _number(
+            fields.get("temperature"), "temperature", 0.0, limits.max_temperature, defaults.temperature
+        )
+        request.top_p = _top_p(fields.get("top_p"), defaults.top_p)
+        request.seed = _integer(fields.get("seed"), "seed", 0, limits.max_seed, None)
+        request.stop = _stops(fields.get("stop"), limits.max_stops)
+        request.prompt = self._prompt(fields.get("prompt"), fields.get("messages"))
+
+    def _prompt(self, prompt: Any, messages: Any) -> str:
+        if prompt is not None and messages is not None:
+            raise Drop("prompt_and_messages", "give either prompt or messages, not both")
+        if prompt is None and messages is None:
+            raise Drop("missing_prompt", "record has neither prompt nor messages")
+        if messages is not None:
+            return _checked_text(self._render_chat(_messages(messages)), "rendered chat prompt")
+        if not isinstance(prompt, str):
+            raise Drop("invalid_prompt", f"prompt must be a string, got {_describe(prompt)}")
+        if not prompt.strip():
+            raise Drop("empty_prompt", "prompt is empty or only whitespace")
+        return _checked_text(prompt, "prompt")
+
+    def _render_chat(self, messages: list[dict[str, str]]) -> str:
+        if self.tokenizer is None:
+            raise Drop("no_chat_template", "chat messages need a tokenizer with a chat template; none given")
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise Drop("no_chat_template", "chat messages, but the tokenizer has no chat template")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as error:  # a template is user code: any error it raises is this record's problem
+            message = f"chat template failed: {type(error).__name__}: {error}"
+            raise Drop("chat_template_error", message) from error
+        if not isinstance(text, str) or not text.strip():
+            raise Drop("empty_prompt", "the chat template rendered an empty prompt")
+        return text
+
+    def _claim_id(self, value: Any, name: str, position: int) -> str:
+        """The record's id (positional when absent); refuses ids that an earlier record used."""
+        if value is None:
+            request_id = positional_id(position)
+        elif type(value) is int:
+            request_id = str(value)
+        elif isinstance(value, str) and value.strip() and len(value) <= self.limits.max_id_chars:
+            request_id = _checked_text(value, name)
+        else:
+            raise Drop("invalid_id", f"{name} must be a non-empty string (at most {self.limits.max_id_chars} "
+                       f"characters) or an integer, got {_describe(value)}")
+        if request_id in self.seen_ids:
+            raise Drop("duplicate_id", f"{name} {request_id!r} was already used by an earlier record")
+        return request_id
+
+    def _fallback_id(self, position: int) -> str:
+        """`rec-{position:09d}`, suffixed only if a record's own id already took that name."""
+        base = request_id = positional_id(position)
+        suffix = 0
+        while request_id in self.seen_ids:
+            suffix += 1
+            request_id = f"{base}-{suffix}"
+        return request_id
+
+
+def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    wanted, other = ("prompt", "messages") if url == COMPLETIONS_ENDPOINT else ("messages", "prompt")
+    if other in body:
+        raise Drop("invalid_body", f"{url} takes body.{wanted}, not body.{other}")
+    if body.get("n") not in (None, 1):
+        raise Drop("unsupported_parameter", f"n must be 1, got {_describe(body['n'])}")
+    max_tokens = body.get("max_completion_tokens")
+    return {
+        wanted: body.get(wanted),
+        "max_new_tokens": body.get("max_tokens") if max_tokens is None else max_tokens,
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "seed": body.get("seed"),
+        "stop": body.get("stop"),
+    }
+
+
+def _openai_extra(record: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """Unknown top-level keys, plus unknown body keys (model, user, ...) under "body"."""
+    extra = {key: value for key, value in record.items() if key not in _OPENAI_KEYS}
+    body_extra = {key: value for key, value in body.items() if key not in _OPENAI_BODY_KEYS}
+    if body_extra:
+        extra["body"] = body_extra
+    return extra
+
+
+def _integer(value: Any, name: str, low: int, high: int, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if type(value) is not int:
+        raise Drop(f"invalid_{name}", f"{name} must be an integer, got {_describe(value)}")
+    if not low <= value <= high:
+        raise Drop(f"invalid_{name}", f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float, default: float) -> float:
+    if value is None:
+        return default
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise Drop(f"invalid_{name}", f"{name} must be a finite number, got {_describe(value)}")
+    if not low <= value <= high:
+        raise Drop(f"invalid_{name}", f"{name} must be in [{low:g}, {high:g}], got {value}")
+    return float(value)
+
+
+def _top_p(value: Any, default: float) -> float:
+    top_p = _number(value, "top_p", 0.0, 1.0, default)
+    if top_p == 0.0:
+        raise Drop("invalid_top_p", "top_p must be in (0, 1], got 0")
+    return top_p
+
+
+def _stops(value: Any, max_stops: int) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops):
+        message = f"stop must be a non-empty string or a list of them, got {_describe(value)}"
+        raise Drop("invalid_stop", message)
+    if len(stops) > max_stops:
+        raise Drop("invalid_stop", f"at most {max_stops} stop strings, got {len(stops)}")
+    return [_checked_text(stop, "stop") for stop in stops]
+
+
+def _domain(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise Drop("invalid_domain", f"domain must be a string, got {_describe(value)}")
+    return _checked_text(value, "domain")
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise Drop("invalid_messages", f"messages must be a non-empty list, got {_describe(value)}")
+    return [_message(index, message) for index, message in enumerate(value)]
+
+
+def _message(index: int, message: Any) -> dict[str, str]:
+    if not isinstance(message, dict):
+        raise Drop("invalid_messages", f"messages[{index}] must be an object, got {_describe(message)}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise Drop("invalid_messages", f"messages[{index}].role must be one of {sorted(ROLES)}, "
+                   f"got {_describe(role)}")
+    return {"role": role, "content": _content(index, message.get("content"))}
+
+
+def _content(index: int, content: Any) -> str:
+    """A string, or OpenAI text parts [{"type": "text", "text": ...}] joined into one."""
+    if isinstance(content, str):
+        return content
+    is_parts = isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    )
+    if not is_parts:
+        raise Drop("invalid_messages", f"messages[{index}].content must be a string or a list of text "
+                   f"parts, got {_describe(content)}")
+    return "".join(part["text"] for part in content)
+
+
+def _checked_text(text: str, name: str) -> str:
+    """Lone surrogates (JSON "\\ud800") cannot be written as UTF-8; refuse them here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise Drop("invalid_unicode", f"{name} holds an unpaired surrogate at index {error.start}") from error
+    return text
+
+
+def _metadata_json(extra: dict[str, Any]) -> str | None:
+    """Unknown fields as one JSON object; non-JSON values (NaN, bytes, dates) are made writable."""
+    if not extra:
+        return None
+    try:
+        text = json.dumps(extra, ensure_ascii=False, allow_nan=False, default=str)
+        text.encode("utf-8")
+        return text
+    except (ValueError, UnicodeEncodeError, RecursionError):
+        pass
+    try:
+        return json.dumps(_finite(extra), ensure_ascii=True, allow_nan=False, default=str)
+    except (ValueError, RecursionError) as error:
+        raise Drop("invalid_metadata", f"unknown fields cannot be stored as JSON: {error}") from error
+
+
+def _finite(value: Any) -> Any:
+    """NaN / infinity (valid in Python's JSON, not in JSON) become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "boolean", str: "string", list: "a list", dict: "an object"}
+    kind = names.get(type(value), type(value).__name__)
+    shown = repr(value)
+    return f"{kind} {shown[:60]}{'...' if len(shown) > 60 else ''}"

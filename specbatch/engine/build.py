@@ -1,0 +1,120 @@
+"""Assemble an engine (models, caches, drafter, backend, scheduler, stops) from a job config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from specbatch.config import JobConfig
+from specbatch.engine.backend import HFBackend
+from specbatch.engine.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
+from specbatch.engine.loading import (
+    ModelLoadError,
+    check_same_tokenizer,
+    kv_shape,
+    load_model,
+    load_tokenizer,
+)
+from specbatch.engine.loop import Engine, Recorder
+from specbatch.engine.slot_cache import SlotCache
+from specbatch.engine.stops import StopChecker
+from specbatch.sched.buckets import ShapeBuckets
+from specbatch.sched.capacity import KVBudget
+from specbatch.sched.factory import max_lookahead, policies
+from specbatch.sched.scheduler import Scheduler, SchedulerLimits
+
+
+@dataclass
+class Models:
+    """Loaded once per worker and reused by every engine it builds."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: PreTrainedTokenizerBase
+
+
+def load_models(config: JobConfig) -> Models:
+    m = config.models
+    if m.num_threads:
+        torch.set_num_threads(m.num_threads)
+    tokenizer = load_tokenizer(m)
+    target = load_model(m.target, m)
+    draft = None
+    if config.drafter.kind == "draft":
+        if not m.draft:
+            raise ModelLoadError("drafter.kind is 'draft' but models.draft is not set")
+        check_same_tokenizer(m.target, m.draft, tokenizer, m)
+        draft = load_model(m.draft, m)
+    return Models(target, draft, tokenizer)
+
+
+def max_context(config: JobConfig, models: Models) -> int:
+    positions = kv_shape(models.target).max_positions
+    if models.draft is not None:
+        positions = min(positions, kv_shape(models.draft).max_positions)
+    return min(config.capacity.max_context or positions, positions)
+
+
+def kv_capacity_tokens(config: JobConfig, models: Models, slot_len: int) -> int:
+    c, dtype = config.capacity, models.target.dtype
+    if c.kv_tokens:
+        return c.kv_tokens
+    if c.kv_bytes:
+        per_token = kv_shape(models.target).bytes_per_token(dtype)
+        if models.draft is not None:
+            per_token += kv_shape(models.draft).bytes_per_token(dtype)
+        return c.kv_bytes // per_token
+    return config.scheduler.max_batch_rows * slot_len
+
+
+def eos_token_ids(models: Models) -> set[int]:
+    ids = models.target.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if models.tokenizer.eos_token_id is not None:
+        ids.add(models.tokenizer.eos_token_id)
+    return ids
+
+
+def _slot_cache(model: torch.nn.Module, num_slots: int, slot_len: int) -> SlotCache:
+    shape = kv_shape(model)
+    device = next(model.parameters()).device
+    return SlotCache(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, slot_len,
+                     model.dtype, device, shape.value_head_dim)
+
+
+def build_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0) -> Engine:
+    k_max = max_lookahead(config)
+    context = max_context(config, models)
+    slot_len = context + k_max + 1
+    num_slots = config.scheduler.max_batch_rows + 1  # + scratch slot for padded batch rows
+    buckets = ShapeBuckets(config.buckets.batch_rows, config.buckets.query_len, config.buckets.kv_len_multiple)
+    mask_dtype = None if config.models.attn_implementation == "sdpa" else models.target.dtype
+    vocab_size = models.target.get_output_embeddings().weight.shape[0]
+    drafter: Drafter
+    if config.drafter.kind == "draft":
+        drafter = DraftModelDrafter(models.draft, _slot_cache(models.draft, num_slots, slot_len), vocab_size,
+                                    mask_dtype, num_slots - 1, buckets.kv_len_multiple)
+    elif config.drafter.kind == "ngram":
+        drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
+    else:
+        drafter = NoDrafter()
+    backend = HFBackend(models.target, _slot_cache(models.target, num_slots, slot_len), drafter, buckets,
+                        vocab_size, mask_dtype, config.seed)
+    limits = SchedulerLimits(config.scheduler.max_batch_rows, config.scheduler.max_round_tokens, context,
+                             k_max, config.capacity.admission)
+    order, lookahead, prefill_chunk = policies(config)
+    scheduler = Scheduler(limits, KVBudget(kv_capacity_tokens(config, models, slot_len)), order, lookahead,
+                          prefill_chunk)
+    decode = lambda ids: models.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    stops = StopChecker(eos_token_ids(models), decode, context)
+    return Engine(scheduler, backend, stops, recorder, worker_id)
+
+
+def generate(engine: Engine, rows: list) -> dict[str, object]:
+    """Run rows to completion on an engine; returns them by request id (tests, benchmarks)."""
+    for row in rows:
+        engine.add(row)
+    engine.run()
+    return {row.request_id: row for row in rows}

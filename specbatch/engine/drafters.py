@@ -1,0 +1,149 @@
+"""Drafters propose up to k tokens per row; the target verifies them in one pass.
+
+`DraftModelDrafter` runs a small causal LM with its own slot cache (same slots as the target),
+`NgramDrafter` looks the row's last n-gram up in its own prompt + output (prompt lookup), and
+`NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specbatch.engine.forward import PassShape, forward_rows
+from specbatch.engine.sampling import sample, warp
+from specbatch.engine.sequence import Sequence
+from specbatch.engine.slot_cache import SlotCache
+
+
+@dataclass
+class Proposals:
+    tokens: list[list[int]]  # per row, at most its k
+    draft_probs: list[torch.Tensor | None]  # per row [len(tokens), vocab] warped q, None = point mass
+    num_draft_rows: int = 0
+    num_padded_draft_rows: int = 0
+    num_passes: int = 0
+    shapes: list[PassShape] = field(default_factory=list)
+
+
+class Drafter(Protocol):
+    uses_model: bool
+
+    def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
+        """Fill the drafter's cache alongside the target's prefill chunks (no-op without a model)."""
+
+    def propose(self, rows: list[Sequence], ks: list[int], generators: dict[str, torch.Generator]) -> Proposals:
+        """Draft up to ks[i] tokens for rows[i]; rows with k = 0 get none."""
+
+    def after_accept(self, row: Sequence, num_tokens_before: int, num_accepted: int) -> None:
+        """Roll back draft state past the accepted prefix (rejected positions become invalid)."""
+
+
+class NoDrafter:
+    uses_model = False
+
+    def prefill(self, slots, num_computed, chunks):
+        return None
+
+    def propose(self, rows, ks, generators):
+        return Proposals([[] for _ in rows], [None for _ in rows])
+
+    def after_accept(self, row, num_tokens_before, num_accepted):
+        pass
+
+
+class NgramDrafter(NoDrafter):
+    """Prompt lookup: find the latest earlier occurrence of the row's last n tokens (n from ngram_max
+    down to ngram_min) and propose the tokens that followed it. Proposals are point masses."""
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 3) -> None:
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+
+    def propose(self, rows, ks, generators):
+        tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks)]
+        return Proposals(tokens, [None for _ in rows])
+
+    def lookup(self, token_ids: list[int], k: int) -> list[int]:
+        for n in range(min(self.ngram_max, len(token_ids) - 1), self.ngram_min - 1, -1):
+            suffix = token_ids[-n:]
+            for start in range(len(token_ids) - n - 1, -1, -1):
+                if token_ids[start : start + n] == suffix:
+                    return token_ids[start + n : start + n + k]
+        return []
+
+
+class DraftModelDrafter:
+    uses_model = True
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: SlotCache,
+        vocab_size: int,
+        mask_dtype: torch.dtype | None,
+        scratch_slot: int,
+        kv_len_multiple: int,
+    ) -> None:
+        self.model, self.cache, self.vocab_size = model, cache, vocab_size
+        self.mask_dtype, self.scratch_slot, self.kv_len_multiple = mask_dtype, scratch_slot, kv_len_multiple
+
+    def _forward(self, slots, num_computed, chunks, keep_logits=True):
+        query_len = max(len(chunk) for chunk in chunks)
+        return forward_rows(
+            self.model, self.cache, slots, num_computed, chunks, query_len, len(slots),
+            self.kv_len_multiple, self.mask_dtype, self.scratch_slot, keep_logits,
+        )
+
+    def prefill(self, slots, num_computed, chunks):
+        return self._forward(slots, num_computed, chunks, keep_logits=False)[1]
+
+    def propose(self, rows, ks, generators):
+        proposals = Proposals([[] for _ in rows], [None for _ in rows])
+        q_rows: list[list[torch.Tensor]] = [[] for _ in rows]
+        active = [i for i, k in enumerate(ks) if k > 0]
+        step = 0
+        while active:
+            # step 0 catches the draft cache up (pending token, and any lag); later steps feed the last draft
+            chunks = [
+                rows[i].token_ids[rows[i].num_draft_computed :] if step == 0 else proposals.tokens[i][-1:]
+                for i in active
+            ]
+            starts = [rows[i].num_draft_computed for i in active]
+            logits, shape = self._forward([rows[i].slot for i in active], starts, chunks)
+            last = logits[torch.arange(len(active)), torch.tensor([len(c) - 1 for c in chunks])]  # [rows, vocab]
+            last = self._to_target_vocab(last)
+            for row_index, i in enumerate(active):
+                rows[i].num_draft_computed += len(chunks[row_index])
+                rows[i].num_draft_rows += len(chunks[row_index])
+                token, q = self._pick(rows[i], last[row_index], generators)
+                proposals.tokens[i].append(token)
+                if q is not None:
+                    q_rows[i].append(q)
+            proposals.num_draft_rows += shape.num_real_positions
+            proposals.num_padded_draft_rows += shape.num_padded_positions
+            proposals.num_passes += 1
+            proposals.shapes.append(shape)
+            active = [i for i in active if len(proposals.tokens[i]) < ks[i]]
+            step += 1
+        for i, row in enumerate(rows):
+            if q_rows[i] and not row.params.is_greedy:
+                proposals.draft_probs[i] = torch.stack(q_rows[i])
+        return proposals
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Align the draft's output layer with the target's vocabulary (same tokenizer, maybe padded)."""
+        if logits.shape[-1] >= self.vocab_size:
+            return logits[..., : self.vocab_size]
+        pad = logits.new_full((logits.shape[0], self.vocab_size - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def _pick(self, row: Sequence, logits: torch.Tensor, generators) -> tuple[int, torch.Tensor | None]:
+        if row.params.is_greedy:
+            return int(logits.argmax()), None
+        q = warp(logits[None], row.params.temperature, row.params.top_p)[0]
+        return sample(q, generators[row.request_id]), q
+
+    def after_accept(self, row, num_tokens_before, num_accepted):
+        row.num_draft_computed = min(row.num_draft_computed, num_tokens_before + num_accepted)

@@ -1,0 +1,185 @@
+"""The round loop: plan → execute → commit → record.
+
+`Engine` owns no policy (the scheduler decides) and touches no device (the backend does); it
+commits tokens, applies stops and turns each round into accounting records for the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from specbatch.engine.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
+from specbatch.engine.sequence import Sequence, Status
+from specbatch.engine.stops import StopChecker
+from specbatch.sched.plan import RoundPlan
+from specbatch.sched.scheduler import Scheduler
+
+
+class Recorder(Protocol):
+    def add_round(self, record: RoundRecord) -> None: ...
+    def add_step(self, record: StepRecord) -> None: ...
+    def add_request(self, record: RequestRecord) -> None: ...
+    def add_result(self, record: ResultRecord) -> None: ...
+
+
+class MemoryRecorder:
+    """Keeps records in lists: for tests, benchmarks and callers that write nothing."""
+
+    def __init__(self) -> None:
+        self.rounds: list[RoundRecord] = []
+        self.steps: list[StepRecord] = []
+        self.requests: list[RequestRecord] = []
+        self.results: list[ResultRecord] = []
+
+    def add_round(self, record: RoundRecord) -> None:
+        self.rounds.append(record)
+
+    def add_step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    def add_request(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+
+    def add_result(self, record: ResultRecord) -> None:
+        self.results.append(record)
+
+
+class Engine:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        backend,
+        stops: StopChecker,
+        recorder: Recorder,
+        worker_id: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler, self.backend, self.stops, self.recorder = scheduler, backend, stops, recorder
+        self.worker_id, self.clock = worker_id, clock
+        self.num_rounds = 0
+
+    def add(self, row: Sequence) -> None:
+        row.arrival_s = row.arrival_s or self.clock()
+        self.scheduler.add(row, row.arrival_s)
+
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        while self.scheduler.has_work and not should_stop():
+            self.step()
+
+    def step(self) -> list[Sequence]:
+        """One round; returns the rows that finished in it."""
+        started_s, started = self.clock(), time.perf_counter()
+        plan, admission = self.scheduler.plan(started_s)
+        for row in admission.preempted:
+            self.backend.release(row, finished=False)
+        for row in admission.admitted:
+            self.backend.admit(row)
+        finished = list(admission.dropped)
+        for row in admission.dropped:
+            self._record_finished(row)
+        if plan.is_empty:
+            return finished
+        outcome = self.backend.execute(plan)
+        commit_started = time.perf_counter()
+        emitted_s = self.clock()
+        num_committed = 0
+        for row_outcome in outcome.rows:
+            row = row_outcome.row
+            committed = self.stops.commit(row, row_outcome.emitted)
+            num_committed += committed
+            self._count_row(row, row_outcome, committed, emitted_s)
+            if row.status is Status.COMPLETED:
+                finished.append(row)
+        for row, size in plan.prefill:
+            row.num_target_rows += size
+        for row in finished:
+            if row.status is Status.COMPLETED:
+                self.scheduler.finish(row)
+                self.backend.release(row, finished=True)
+                row.finished_s = emitted_s
+                self._record_finished(row)
+        commit_ms = (time.perf_counter() - commit_started) * 1000
+        round_ms = (time.perf_counter() - started) * 1000
+        self.recorder.add_round(self._round_record(plan, outcome, num_committed, started_s, commit_ms, round_ms))
+        self.num_rounds += 1
+        return finished
+
+    def cancel_all(self) -> list[Sequence]:
+        """Stop on purpose: running and waiting rows become `cancelled` with the tokens they have."""
+        rows = list(self.scheduler.running) + [entry[2] for entry in self.scheduler.waiting]
+        now = self.clock()
+        for row in rows:
+            self.scheduler.finish(row)
+            self.backend.release(row, finished=True)
+            row.status, row.finished_s = Status.CANCELLED, now
+            self._record_finished(row)
+        self.scheduler.waiting.clear()
+        return rows
+
+    def _count_row(self, row: Sequence, outcome, committed: int, emitted_s: float) -> None:
+        num_proposed = len(outcome.proposed)
+        row.num_rounds += 1
+        row.num_target_rows += 1 + num_proposed
+        row.num_proposed += num_proposed
+        row.num_accepted += outcome.num_accepted
+        row.last_k = outcome.k
+        if num_proposed:
+            row.accept_history.append((outcome.num_accepted, num_proposed))
+            self.scheduler.stats.observe(row.domain, num_proposed, outcome.num_accepted)
+        if row.first_token_s is None and committed:
+            row.first_token_s = emitted_s
+        self.recorder.add_step(StepRecord(
+            request_id=row.request_id, worker_id=self.worker_id, round_index=self.num_rounds,
+            emitted_s=emitted_s, k=outcome.k, num_proposed=num_proposed, num_accepted=outcome.num_accepted,
+            num_committed=committed, num_output_tokens=row.num_output_tokens,
+        ))
+
+    def _record_finished(self, row: Sequence) -> None:
+        finished_s = row.finished_s if row.finished_s is not None else self.clock()
+        self.recorder.add_request(RequestRecord(
+            request_id=row.request_id, worker_id=self.worker_id, domain=row.domain, status=row.status.value,
+            finish_reason=row.finish_reason, drop_reason=row.drop_reason,
+            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens,
+            max_new_tokens=row.params.max_new_tokens, temperature=row.params.temperature,
+            arrival_s=row.arrival_s, admitted_s=row.admitted_s, first_token_s=row.first_token_s,
+            finished_s=finished_s, num_rounds=row.num_rounds, num_target_rows=row.num_target_rows,
+            num_draft_rows=row.num_draft_rows, num_proposed=row.num_proposed, num_accepted=row.num_accepted,
+            num_preemptions=row.num_preemptions,
+        ))
+        self.recorder.add_result(ResultRecord(
+            request_id=row.request_id, status=row.status.value,
+            text=self.stops.text(row) if row.status is not Status.DROPPED else None,
+            output_token_ids=list(row.output_ids), finish_reason=row.finish_reason,
+            drop_reason=row.drop_reason, drop_message=row.drop_message,
+            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain,
+        ))
+
+    def _round_record(self, plan: RoundPlan, outcome, num_committed: int, started_s: float,
+                      commit_ms: float, round_ms: float) -> RoundRecord:
+        verify, prefill, proposals = outcome.verify_shape, outcome.prefill_shape, outcome.proposals
+        num_proposed = sum(len(r.proposed) for r in outcome.rows)
+        num_prefill_tokens = sum(size for _, size in plan.prefill)
+        num_real_verify = verify.num_real_positions if verify else 0
+        padded = (verify.num_padded_positions if verify else 0) + (prefill.num_padded_positions if prefill else 0)
+        num_draft_rows = (proposals.num_draft_rows if proposals else 0) + outcome.num_draft_prefill_rows
+        kv_read = (verify.num_kv_tokens_read if verify else 0) + (prefill.num_kv_tokens_read if prefill else 0)
+        rows = {id(row) for row, _ in plan.decode} | {id(row) for row, _ in plan.prefill}
+        return RoundRecord(
+            worker_id=self.worker_id, round_index=self.num_rounds, started_s=started_s,
+            num_batch_rows=len(rows), num_bucket_rows=verify.num_bucket_rows if verify else 0,
+            num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
+            num_prefill_tokens=num_prefill_tokens, num_target_rows=num_real_verify + num_prefill_tokens,
+            num_padded_target_rows=padded, num_draft_rows=num_draft_rows,
+            num_padded_draft_rows=proposals.num_padded_draft_rows if proposals else 0,
+            num_target_passes=int(verify is not None) + int(prefill is not None),
+            num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
+            num_proposed=num_proposed, num_accepted=sum(r.num_accepted for r in outcome.rows),
+            num_committed=num_committed, num_speculating_rows=sum(1 for r in outcome.rows if r.proposed),
+            max_k=max((r.k for r in outcome.rows), default=0), query_len=verify.query_len if verify else 0,
+            kv_len=verify.kv_len if verify else 0, num_kv_tokens_read=kv_read,
+            kv_tokens_in_use=self.scheduler.kv.num_used, kv_tokens_capacity=self.scheduler.kv.capacity_tokens,
+            plan_ms=plan.plan_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
+            verify_ms=outcome.verify_ms, commit_ms=commit_ms, round_ms=round_ms,
+        )

@@ -1,0 +1,295 @@
+"""The job ledger: fixed Arrow schemas for `results`, `requests`, `rounds`, `steps`, and a part writer.
+
+A job directory holds one folder per table. Records are buffered and written as *parts*: the same
+part name in every table folder, `part-w{worker:02d}-{run_id}-{seq:05d}.parquet`. Each file is
+written under a `.tmp` name and renamed; the `results` file is renamed last, so its existence is the
+commit point of the whole part. Readers (`committed_request_ids`, `read_table`, `sql/views.sql`)
+only count a part whose results file exists. Every part writes all four files, even empty ones, so
+that `read_parquet('JOB/<table>/*.parquet')` finds a file for every table of a job that committed
+anything.
+
+Column names equal the field names of `specbatch.engine.records`; the ledger adds none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+TABLES = ("rounds", "steps", "requests", "results")  # write order: results last (the commit point)
+PART_SUFFIX = ".parquet"
+TMP_SUFFIX = ".tmp"
+_PART_RE = re.compile(r"^part-w(?P<worker>\d+)-(?P<run>.+)-(?P<seq>\d{5})$")
+
+_I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
+
+
+def _schema(*fields: tuple[str, pa.DataType, bool]) -> pa.Schema:
+    return pa.schema([pa.field(name, kind, nullable=nullable) for name, kind, nullable in fields])
+
+
+def _required(kind: pa.DataType, *names: str) -> list[tuple[str, pa.DataType, bool]]:
+    return [(name, kind, False) for name in names]
+
+
+ROUNDS_SCHEMA = _schema(
+    *_required(_I64, "worker_id", "round_index"),
+    ("started_s", _F64, False),
+    *_required(
+        _I64,
+        "num_batch_rows",
+        "num_bucket_rows",
+        "num_decode_rows",
+        "num_prefill_rows",
+        "num_prefill_tokens",
+        "num_target_rows",
+        "num_padded_target_rows",
+        "num_draft_rows",
+        "num_padded_draft_rows",
+        "num_target_passes",
+        "num_draft_passes",
+        "num_proposed",
+        "num_accepted",
+        "num_committed",
+        "num_speculating_rows",
+        "max_k",
+        "query_len",
+        "kv_len",
+        "num_kv_tokens_read",
+        "kv_tokens_in_use",
+        "kv_tokens_capacity",
+    ),
+    *_required(_F64, "plan_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "round_ms"),
+)
+
+STEPS_SCHEMA = _schema(
+    ("request_id", _STR, False),
+    *_required(_I64, "worker_id", "round_index"),
+    ("emitted_s", _F64, False),
+    *_required(_I64, "k", "num_proposed", "num_accepted", "num_committed", "num_output_tokens"),
+)
+
+REQUESTS_SCHEMA = _schema(
+    ("request_id", _STR, False),
+    ("worker_id", _I64, False),
+    ("domain", _STR, False),
+    ("status", _STR, False),
+    ("finish_reason", _STR, True),
+    ("drop_reason", _STR, True),
+    *_required(_I64, "num_prompt_tokens", "num_output_tokens", "max_new_tokens"),
+    ("temperature", _F64, False),
+    ("arrival_s", _F64, False),
+    ("admitted_s", _F64, True),
+    ("first_token_s", _F64, True),
+    ("finished_s", _F64, False),
+    *_required(
+        _I64,
+        "num_rounds",
+        "num_target_rows",
+        "num_draft_rows",
+        "num_proposed",
+        "num_accepted",
+        "num_preemptions",
+    ),
+)
+
+RESULTS_SCHEMA = _schema(
+    ("request_id", _STR, False),
+    ("status", _STR, False),
+    ("text", _STR, True),
+    ("output_token_ids", pa.list_(pa.int32()), False),
+    ("finish_reason", _STR, True),
+    ("drop_reason", _STR, True),
+    ("drop_message", _STR, True),
+    *_required(_I64, "num_prompt_tokens", "num_output_tokens"),
+    ("domain", _STR, False),
+    ("metadata", _STR, True),
+)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "rounds": ROUNDS_SCHEMA,
+    "steps": STEPS_SCHEMA,
+    "requests": REQUESTS_SCHEMA,
+    "results": RESULTS_SCHEMA,
+}
+
+
+def to_table(records: Iterable[Any], schema: pa.Schema) -> pa.Table:
+    """Columns from record attributes (dataclasses or any object with the field names)."""
+    records = list(records)
+    columns = [pa.array([getattr(r, f.name) for r in records], type=f.type) for f in schema]
+    for column, f in zip(columns, schema, strict=True):
+        if not f.nullable and column.null_count:
+            raise ValueError(f"column {f.name!r} may not be null")
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def part_name(worker_id: int, run_id: str, seq: int) -> str:
+    return f"part-w{worker_id:02d}-{run_id}-{seq:05d}"
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PartWriter:
+    """Buffers one worker's records and writes them as committed parts.
+
+    A flush is due every `every_requests` result records, or `every_s` seconds after the last flush
+    when anything is buffered. The caller records the returned part name in the manifest.
+    """
+
+    def __init__(
+        self,
+        job_dir: Path,
+        worker_id: int,
+        run_id: str,
+        every_requests: int = 64,
+        every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not run_id or "/" in run_id or run_id.endswith(TMP_SUFFIX):
+            raise ValueError(f"bad run_id {run_id!r}")
+        self.job_dir = Path(job_dir)
+        self.worker_id = worker_id
+        self.run_id = run_id
+        self.every_requests = every_requests
+        self.every_s = every_s
+        self._clock = clock
+        self._buffers: dict[str, list[Any]] = {table: [] for table in TABLES}
+        self._last_flush = clock()
+        for table in TABLES:
+            (self.job_dir / table).mkdir(parents=True, exist_ok=True)
+        self._seq = self._next_seq()
+
+    def _next_seq(self) -> int:
+        """Continue after any part this worker and run already wrote (a writer re-created in a run)."""
+        mine = (self.worker_id, self.run_id)
+        parsed = (_PART_RE.match(name) for name in committed_parts(self.job_dir))
+        seqs = [int(m["seq"]) for m in parsed if m and (int(m["worker"]), m["run"]) == mine]
+        return max(seqs, default=-1) + 1
+
+    def add_round(self, record: Any) -> None:
+        self._buffers["rounds"].append(record)
+
+    def add_step(self, record: Any) -> None:
+        self._buffers["steps"].append(record)
+
+    def add_request(self, record: Any) -> None:
+        self._buffers["requests"].append(record)
+
+    def add_result(self, record: Any) -> None:
+        self._buffers["results"].append(record)
+
+    @property
+    def num_buffered(self) -> int:
+        return sum(len(records) for records in self._buffers.values())
+
+    def is_flush_due(self) -> bool:
+        if len(self._buffers["results"]) >= self.every_requests:
+            return True
+        return self.num_buffered > 0 and self._clock() - self._last_flush >= self.every_s
+
+    def maybe_flush(self) -> str | None:
+        return self.flush() if self.is_flush_due() else None
+
+    def flush(self) -> str | None:
+        """Write one part (all four tables, results last); returns its name, or None if empty."""
+        if self.num_buffered == 0:
+            return None
+        name = part_name(self.worker_id, self.run_id, self._seq)
+        tables = {table: to_table(self._buffers[table], SCHEMAS[table]) for table in TABLES}
+        for table in TABLES:  # results last; each folder synced so the commit follows its data
+            _write_atomic(tables[table], self.job_dir / table / (name + PART_SUFFIX))
+            _fsync_dir(self.job_dir / table)
+        log.debug("committed part %s (%s)", name, {t: tables[t].num_rows for t in TABLES})
+        self._seq += 1
+        self._buffers = {table: [] for table in TABLES}
+        self._last_flush = self._clock()
+        return name
+
+
+def committed_parts(job_dir: Path) -> list[str]:
+    """Part names whose results file exists (the commit point), sorted."""
+    return sorted(p.name[: -len(PART_SUFFIX)] for p in (Path(job_dir) / "results").glob("*" + PART_SUFFIX))
+
+
+def committed_request_ids(job_dir: Path, statuses: Iterable[str] | None = None) -> set[str]:
+    """Request ids in committed results parts, optionally only those with a given status."""
+    wanted = None if statuses is None else set(statuses)
+    columns = ["request_id"] if wanted is None else ["request_id", "status"]
+    ids: set[str] = set()
+    for name in committed_parts(job_dir):
+        table = pq.read_table(Path(job_dir) / "results" / (name + PART_SUFFIX), columns=columns)
+        if wanted is None:
+            ids.update(table.column("request_id").to_pylist())
+            continue
+        for request_id, status in zip(*(table.column(c).to_pylist() for c in columns), strict=True):
+            if status in wanted:
+                ids.add(request_id)
+    return ids
+
+
+def remove_orphan_parts(job_dir: Path) -> list[str]:
+    """Delete uncommitted files so a resumed job does not double count; returns their paths.
+
+    Orphans are `*.tmp` files and parts in rounds/steps/requests whose results file is missing (the
+    worker was killed mid-flush). Call it before any writer of the job starts. A *committed* part may
+    hold rounds and steps of requests that were still in flight and then lost in a crash; those rows
+    stay, because that work really was done and wasted, and the re-run adds its own rows.
+    """
+    job_dir = Path(job_dir)
+    committed = set(committed_parts(job_dir))
+    removed: list[str] = []
+    for table in TABLES:
+        folder = job_dir / table
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            is_tmp = path.name.endswith(TMP_SUFFIX)
+            is_orphan = path.name.endswith(PART_SUFFIX) and path.name[: -len(PART_SUFFIX)] not in committed
+            if is_tmp or is_orphan:
+                path.unlink()
+                removed.append(str(path.relative_to(job_dir)))
+    if removed:
+        log.info("removed %d uncommitted part files from %s", len(removed), job_dir)
+    return removed
+
+
+def read_table(job_dir: Path, table: str) -> pa.Table:
+    """All committed parts of one table, in part-name order (empty, with the schema, if none)."""
+    schema = SCHEMAS[table]
+    paths = [Path(job_dir) / table / (name + PART_SUFFIX) for name in committed_parts(job_dir)]
+    tables = [pq.read_table(p, schema=schema) for p in paths if p.exists()]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def parse_part_name(name: str) -> tuple[int, str, int]:
+    """(worker_id, run_id, seq) of a part name such as `part-w03-20240101T0000-00012`."""
+    match = _PART_RE.match(name)
+    if match is None:
+        raise ValueError(f"not a part name: {name!r}")
+    return int(match["worker"]), match["run"], int(match["seq"])

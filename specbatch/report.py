@@ -1,0 +1,213 @@
+"""`specbatch report`: the sql/ queries over one or more job directories, as tables and plots.
+
+All figures come from `sql/*.sql` run by DuckDB over the views in `sql/views.sql`; this module only
+connects, renders (Rich, Markdown, HTML) and draws (matplotlib's Agg canvas via `Figure`, no pyplot
+state). Outputs go into the first job directory: report.md, report.html (PNGs embedded) and PNGs.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import os
+from dataclasses import dataclass
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from rich.console import Console
+from rich.table import Table
+
+from specbatch import ledger
+from specbatch.report_plots import PLOTS
+
+log = logging.getLogger(__name__)
+
+SQL_DIR_ENV = "SPECBATCH_SQL_DIR"
+QUERIES: dict[str, str] = {  # file stem -> title, in report order
+    "throughput_vs_cost": "Throughput versus cost",
+    "latency": "Latency (completed requests)",
+    "drops": "Dropped and cancelled requests",
+    "acceptance_by_domain": "Acceptance by domain",
+    "acceptance_by_position": "Acceptance by draft position",
+    "acceptance_by_k": "Acceptance by lookahead k",
+    "acceptance_over_time": "Acceptance over time",
+    "worker_balance": "Worker balance",
+    "scheduler_overhead": "Scheduler overhead",
+}
+DATA_QUERIES = ("round_timeline", "latency_samples")  # plot inputs, not printed
+_MAX_COLUMNS = 10  # wider results with few rows are shown transposed (one column per row)
+_HTML_HEAD = (
+    "<!doctype html><html><head><meta charset='utf-8'><title>specbatch report</title><style>"
+    "body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;margin-bottom:1em}"
+    " td,th{border:1px solid #ccc;padding:2px 6px;text-align:right} img{max-width:100%}"
+    "</style></head>"
+)
+
+
+class ReportError(ValueError):
+    """Job directories the report cannot read; the CLI prints it and exits with code 2."""
+
+
+@dataclass
+class QueryResult:
+    name: str
+    title: str
+    description: str
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+    def column(self, name: str) -> list[Any]:
+        index = self.columns.index(name)
+        return [row[index] for row in self.rows]
+
+
+def sql_dir() -> Path:
+    """The sql/ folder: $SPECBATCH_SQL_DIR, else the repository's, else the installed package data."""
+    if os.environ.get(SQL_DIR_ENV):
+        return Path(os.environ[SQL_DIR_ENV])
+    repo = Path(__file__).resolve().parent.parent / "sql"
+    if (repo / "views.sql").is_file():
+        return repo
+    return Path(str(resources.files("specbatch") / "sql"))
+
+
+def connect(
+    job_dirs: list[Path], baseline: str | None = None, con: duckdb.DuckDBPyConnection | None = None
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the views of sql/views.sql over these job directories."""
+    if not job_dirs:
+        raise ReportError("no job directory given")
+    names = [Path(d).name for d in job_dirs]
+    if len(set(names)) != len(names):
+        raise ReportError(f"job directories must have distinct names (the job_id): {names}")
+    for job_dir in job_dirs:
+        if "," in str(job_dir):
+            raise ReportError(f"a job directory path may not contain ',': {job_dir}")
+        if not ledger.committed_parts(Path(job_dir)):
+            raise ReportError(f"{job_dir}: no committed parts (results/*.parquet); nothing to report")
+    if baseline is not None and Path(baseline).name not in names:
+        raise ReportError(f"baseline {baseline!r} is not one of the jobs {names}")
+    con = con or duckdb.connect()
+    con.execute("SET VARIABLE job_dir = ?", [",".join(str(d) for d in job_dirs)])
+    if baseline is not None:
+        con.execute("SET VARIABLE baseline_job = ?", [Path(baseline).name])
+    con.execute((sql_dir() / "views.sql").read_text())
+    return con
+
+
+def _description(sql: str) -> str:
+    lines = []
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line[2:].rstrip())
+    return "\n".join(lines).strip()
+
+
+def run_query(con: duckdb.DuckDBPyConnection, name: str) -> QueryResult:
+    sql = (sql_dir() / f"{name}.sql").read_text()
+    relation = con.sql(sql)
+    title = QUERIES.get(name, name)
+    return QueryResult(name, title, _description(sql), relation.columns, relation.fetchall())
+
+
+def run_queries(con: duckdb.DuckDBPyConnection) -> dict[str, QueryResult]:
+    return {name: run_query(con, name) for name in (*QUERIES, *DATA_QUERIES)}
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float | Decimal):
+        return f"{float(value):.4g}"
+    return str(value)
+
+
+def _grid(result: QueryResult) -> tuple[list[str], list[list[str]]]:
+    """Header and cells; a wide result with few rows is transposed so it stays readable."""
+    cells = [[fmt(v) for v in row] for row in result.rows]
+    if len(result.columns) <= _MAX_COLUMNS or not 0 < len(cells) <= _MAX_COLUMNS:
+        return result.columns, cells
+    header = ["column", *(row[0] for row in cells)]
+    return header, [[name, *(row[i] for row in cells)] for i, name in enumerate(result.columns)]
+
+
+def rich_table(result: QueryResult) -> Table:
+    header, cells = _grid(result)
+    table = Table(title=result.title, title_justify="left")
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(result: QueryResult) -> str:
+    if not result.rows:
+        return "_No rows (nothing of this kind was recorded, e.g. no rounds or no speculation)._\n"
+    header, cells = _grid(result)
+    escape = [[c.replace("|", "\\|") for c in row] for row in [header, *cells]]
+    lines = ["| " + " | ".join(row) + " |" for row in escape]
+    lines.insert(1, "|" + "---|" * len(header))
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(result: QueryResult) -> str:
+    if not result.rows:
+        return "<p><em>No rows.</em></p>"
+    header, cells = _grid(result)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_markdown(job_dirs: list[Path], results: list[QueryResult], plots: list[Path]) -> str:
+    parts = ["# specbatch report", "", "Jobs: " + ", ".join(f"`{d}`" for d in job_dirs), ""]
+    parts += [f"![{p.stem}]({p.name})" for p in plots]
+    for result in results:
+        parts += ["", f"## {result.title}", "", "```text", result.description, "```", ""]
+        parts.append(markdown_table(result))
+    return "\n".join(parts)
+
+
+def render_html(job_dirs: list[Path], results: list[QueryResult], plots: list[Path]) -> str:
+    body = [f"<h1>specbatch report</h1><p>Jobs: {html.escape(', '.join(map(str, job_dirs)))}</p>"]
+    for plot in plots:
+        data = base64.b64encode(plot.read_bytes()).decode()
+        body.append(f'<h2>{plot.stem}</h2><img alt="{plot.stem}" src="data:image/png;base64,{data}">')
+    for result in results:
+        body.append(f"<h2>{html.escape(result.title)}</h2><pre>{html.escape(result.description)}</pre>")
+        body.append(_html_table(result))
+    return f"{_HTML_HEAD}<body>{''.join(body)}</body></html>\n"
+
+
+def build_report(
+    job_dirs: list[Path],
+    baseline: str | None = None,
+    console: Console | None = None,
+    out_dir: Path | None = None,
+) -> Path:
+    """Run every query, print Rich tables, write report.md, PNGs and report.html; returns report.md."""
+    job_dirs = [Path(d) for d in job_dirs]
+    out_dir = Path(out_dir) if out_dir is not None else job_dirs[0]
+    console = console or Console()
+    con = connect(job_dirs, baseline)
+    results = run_queries(con)
+    tables = [results[name] for name in QUERIES]
+    for result in tables:
+        console.print(rich_table(result))
+        if not result.rows:
+            console.print("[dim]no rows[/dim]")
+    plots = [draw(results, out_dir) for draw in PLOTS]
+    report_md = out_dir / "report.md"
+    report_md.write_text(render_markdown(job_dirs, tables, plots))
+    (out_dir / "report.html").write_text(render_html(job_dirs, tables, plots))
+    log.info("wrote %s, report.html and %d plots", report_md, len(plots))
+    return report_md

@@ -1,0 +1,43 @@
+"""Shape buckets: the allowed (batch rows, query length) shapes a pass is padded up to.
+
+Fixed shapes let compiled graphs (CUDA graphs, torch.compile) be reused; every position computed
+only because of a bucket is counted as a padded row. An empty list means "no padding" on that axis.
+KV length is bucketed to a multiple (attention reads only up to the round's KV bucket).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ShapeBucket:
+    batch_rows: int
+    query_len: int
+
+
+@dataclass(frozen=True)
+class ShapeBuckets:
+    batch_rows: tuple[int, ...] = ()
+    query_len: tuple[int, ...] = ()
+    kv_len_multiple: int = 1
+
+    def fit(self, num_rows: int, query_len: int) -> ShapeBucket:
+        """Smallest bucket holding the work; beyond the largest bucket the exact size is used."""
+        return ShapeBucket(_round_up_to(self.batch_rows, num_rows), _round_up_to(self.query_len, query_len))
+
+    def kv_len(self, kv_len: int) -> int:
+        return -(-kv_len // self.kv_len_multiple) * self.kv_len_multiple
+
+    def num_padded_rows(self, row_lengths: list[int]) -> int:
+        """Positions a pass computes beyond Σ row_lengths once padded to its bucket."""
+        if not row_lengths:
+            return 0
+        bucket = self.fit(len(row_lengths), max(row_lengths))
+        return bucket.batch_rows * bucket.query_len - sum(row_lengths)
+
+
+def _round_up_to(sizes: tuple[int, ...], value: int) -> int:
+    index = bisect.bisect_left(sorted(sizes), value)
+    return sorted(sizes)[index] if index < len(sizes) else value

@@ -1,0 +1,79 @@
+"""Shared fixtures: a tiny random target/draft pair with a real tokenizer, saved as local HF
+directories so the engine loads them exactly as it loads any user's model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "for i in range(10):\n    print(i * i)\n",
+    "Speculative decoding proposes tokens that the target verifies in one pass.",
+] * 20
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<eos>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>")
+
+
+def llama(vocab: int, hidden: int, layers: int, seed: int, eos: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=256,
+                         initializer_range=0.2, eos_token_id=eos, pad_token_id=eos + 1, bos_token_id=None)
+    return LlamaForCausalLM(config).eval()
+
+
+def perturbed_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A draft that agrees with the target often but not always: target weights plus noise."""
+    torch.manual_seed(seed)
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for parameter in copy.parameters():
+            parameter.add_(torch.randn_like(parameter) * scale * parameter.std().clamp(min=1e-3))
+    return copy
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target_dir, draft_dir, tokenizer): Llama target, perturbed-copy draft, shared tokenizer."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    tokenizer = make_tokenizer()
+    target = llama(len(tokenizer), 64, 2, seed=0, eos=tokenizer.eos_token_id)
+    draft = perturbed_copy(target, 0.3, seed=1)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft", tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_gpt2")
+    tokenizer = make_tokenizer()
+    torch.manual_seed(3)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                        initializer_range=0.2, eos_token_id=tokenizer.eos_token_id,
+                        bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    target = GPT2LMHeadModel(config).eval()
+    draft = perturbed_copy(target, 0.3, seed=4)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft", tokenizer
