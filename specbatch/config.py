@@ -46,6 +46,7 @@ class SchedulerConfig(_Section):
     max_batch_rows: int = Field(default=32, ge=1)
     max_round_tokens: int = Field(default=2048, ge=1)
     tpot_slo_ms: float = Field(default=200.0, gt=0)
+    cost_model: str | None = None  # JSON from `specbatch calibrate`; None: the built-in CPU profile
 
     @field_validator("lookahead")
     @classmethod

@@ -107,15 +107,15 @@ def _description(sql: str) -> str:
     for line in sql.splitlines():
         if not line.startswith("--"):
             break
-        lines.append(line[2:].rstrip())
+        lines.append(line[3:].rstrip() if line.startswith("-- ") else line[2:].rstrip())
     return "\n".join(lines).strip()
 
 
 def run_query(con: duckdb.DuckDBPyConnection, name: str) -> QueryResult:
     sql = (sql_dir() / f"{name}.sql").read_text()
-    relation = con.sql(sql)
-    title = QUERIES.get(name, name)
-    return QueryResult(name, title, _description(sql), relation.columns, relation.fetchall())
+    cursor = con.execute(sql)
+    columns = [column[0] for column in cursor.description]
+    return QueryResult(name, QUERIES.get(name, name), _description(sql), columns, cursor.fetchall())
 
 
 def run_queries(con: duckdb.DuckDBPyConnection) -> dict[str, QueryResult]:
@@ -131,21 +131,30 @@ def fmt(value: Any) -> str:
 
 
 def _grid(result: QueryResult) -> tuple[list[str], list[list[str]]]:
-    """Header and cells; a wide result with few rows is transposed so it stays readable."""
+    """Header and cells; a wide result with few rows is transposed so it stays readable.
+
+    Transposed, each row of the result becomes a column named by its leading key (job_id, or
+    job_id and the next column when job_id repeats).
+    """
     cells = [[fmt(v) for v in row] for row in result.rows]
     if len(result.columns) <= _MAX_COLUMNS or not 0 < len(cells) <= _MAX_COLUMNS:
         return result.columns, cells
-    header = ["column", *(row[0] for row in cells)]
-    return header, [[name, *(row[i] for row in cells)] for i, name in enumerate(result.columns)]
+    num_keys = 1 if len({row[0] for row in cells}) == len(cells) else 2
+    header = [" / ".join(result.columns[:num_keys]), *(" / ".join(row[:num_keys]) for row in cells)]
+    names = result.columns[num_keys:]
+    return header, [[name, *(row[num_keys + i] for row in cells)] for i, name in enumerate(names)]
 
 
-def rich_table(result: QueryResult) -> Table:
+def rich_table(result: QueryResult, max_rows: int = 24) -> Table:
     header, cells = _grid(result)
-    table = Table(title=result.title, title_justify="left")
+    caption = f"{len(cells) - max_rows} more rows in report.md" if len(cells) > max_rows else None
+    table = Table(title=result.title, title_justify="left", caption=caption)
     for name in header:
         table.add_column(name, overflow="fold")
-    for row in cells:
+    for row in cells[:max_rows]:
         table.add_row(*row)
+    if not cells:
+        table.caption = "no rows"
     return table
 
 
@@ -203,8 +212,6 @@ def build_report(
     tables = [results[name] for name in QUERIES]
     for result in tables:
         console.print(rich_table(result))
-        if not result.rows:
-            console.print("[dim]no rows[/dim]")
     plots = [draw(results, out_dir) for draw in PLOTS]
     report_md = out_dir / "report.md"
     report_md.write_text(render_markdown(job_dirs, tables, plots))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 if TYPE_CHECKING:
     from specbatch.report import QueryResult
@@ -74,6 +75,9 @@ def throughput_vs_cost(results: Results, out_dir: Path) -> Path:
     cost.set(xticks=x, title="cost per 1,000 committed tokens", ylabel="count")
     cost.set_xticklabels(jobs, rotation=20, ha="right")
     cost.legend(fontsize=8)
+    if all(r["committed_tokens_per_s"] is None for r in rows):
+        _empty(speed, "committed tokens")
+        _empty(cost, "committed tokens")
     return _save(fig, out_dir / "throughput_vs_cost.png")
 
 
@@ -106,6 +110,7 @@ def acceptance_by_position(results: Results, out_dir: Path) -> Path:
         ax.plot(positions, rate, "o-", label=f"{job_id}: accepted / proposed")
         ax.plot(positions, conditional, "x--", label=f"{job_id}: given j-1 accepted")
     ax.set(title="acceptance by draft position", xlabel="draft position j", ylabel="rate", ylim=(0, 1.05))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if jobs:
         ax.legend(fontsize=8)
     else:
@@ -120,12 +125,13 @@ def round_timeline(results: Results, out_dir: Path) -> Path:
     panels = (("num_batch_rows", "batch rows"), ("mean_k", "mean k"), ("round_ms", "round ms"))
     for ax, (column, label) in zip(axes, panels, strict=True):
         for job_id, rows in jobs.items():
-            ax.plot(_num([r["t_s"] for r in rows]), _num([r[column] for r in rows]), ".", ms=3, label=job_id)
+            xs = [r["round_number"] for r in rows]
+            ax.plot(xs, _num([r[column] for r in rows]), ".-", ms=3, lw=0.6, label=job_id)
         ax.set_ylabel(label)
         if not jobs:
             _empty(ax, "rounds")
     axes[0].set_title("per-round timeline")
-    axes[-1].set_xlabel("seconds since the job's first round")
+    axes[-1].set_xlabel("round, in start order over all workers (gaps between runs not shown)")
     if jobs:
         axes[0].legend(fontsize=8)
     return _save(fig, out_dir / "round_timeline.png")

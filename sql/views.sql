@@ -11,7 +11,7 @@
 -- part, empty ones included); `specbatch report` checks this before it runs the views.
 
 CREATE OR REPLACE MACRO ledger_globs(tbl) AS
-    list_transform(string_split(getvariable('job_dir'), ','), lambda d: rtrim(trim(d), '/') || '/' || tbl || '/*.parquet');
+    [rtrim(trim(d), '/') || '/' || tbl || '/*.parquet' FOR d IN string_split(getvariable('job_dir'), ',')];
 
 CREATE OR REPLACE MACRO ledger_table(tbl) AS TABLE
     SELECT

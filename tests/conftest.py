@@ -77,3 +77,20 @@ def tiny_gpt2(tmp_path_factory):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     return root / "target", root / "draft", tokenizer
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory):
+    """Vocabulary of 6, so the law of the first two tokens can be enumerated exactly."""
+    root = tmp_path_factory.mktemp("small_vocab")
+    torch.manual_seed(7)
+    config = LlamaConfig(vocab_size=6, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                         initializer_range=0.3, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    target = LlamaForCausalLM(config).eval()
+    draft = perturbed_copy(target, 0.5, seed=8)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(root / "tokenizer")
+    return root / "target", root / "draft", tokenizer

@@ -223,7 +223,8 @@ def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[R
 
 def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
     with pq.ParquetFile(path) as file:
-        yield from file.iter_batches(batch_size=BATCH_ROWS)
+        columns = [name for name in file.schema_arrow.names if not name.startswith("__index_level_")]
+        yield from file.iter_batches(batch_size=BATCH_ROWS, columns=columns)  # no pandas index column
 
 
 def _load_hf_saved(path: Path) -> Any:

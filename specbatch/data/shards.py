@@ -5,6 +5,10 @@ workers can account for each record without going back to the dataset. Records a
 windows of `io.group_window` (rounded up to whole shards), tokenized in one batch per window, sorted
 by (domain, prompt length) and cut into shards of `io.shard_size` rows: a worker gets similar
 requests, which keeps its shape buckets full. Memory holds one window plus the set of seen ids.
+
+Each shard is written to `*.parquet.tmp` and renamed; instead of an fsync per shard (~3 ms each, 12 s
+for a million records in 256-row shards) one `os.sync()` at the end makes them durable before the
+caller writes a manifest that lists them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,7 @@ SHARD_SCHEMA = pa.schema(
     ]
 )
 _SHARD_PATTERNS = ("shard-*.parquet", "shard-*.parquet.tmp")
+_ROW_VALUES = attrgetter(*SHARD_SCHEMA.names)
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ def shard_dataset(
             _tokenize(window, encoder, max_prompt_tokens)
         window.sort(key=_group_key)
         writer.write(window)
+    os.sync()  # one flush for all shards (an fsync per shard costs ~3 ms each) before a manifest lists them
     _log_summary(source.path, writer)
     return writer.shards
 
@@ -179,16 +186,16 @@ class ShardWriter:
 
 
 def requests_to_table(requests: list[Request]) -> pa.Table:
-    columns = {name: [getattr(request, name) for request in requests] for name in SHARD_SCHEMA.names}
-    return pa.Table.from_pydict(columns, schema=SHARD_SCHEMA)
+    rows = map(_ROW_VALUES, requests)  # one tuple per request, in schema order
+    columns = zip(*rows, strict=True) if requests else ([] for _ in SHARD_SCHEMA.names)
+    arrays = [pa.array(values, type=field.type) for values, field in zip(columns, SHARD_SCHEMA, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=SHARD_SCHEMA)
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
+    """tmp + rename: a reader or a killed job never sees half a shard; durability: see the module doc."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as file:
-        pq.write_table(table, file)
-        file.flush()
-        os.fsync(file.fileno())
+    pq.write_table(table, tmp)
     os.replace(tmp, path)
 
 

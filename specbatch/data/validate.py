@@ -126,6 +126,7 @@ class Validator:
         self.limits = limits or ValidationLimits()
         self.sources = {name: (column_map or {}).get(name, name) for name in FIELDS}
         self.known_sources = frozenset(self.sources.values())
+        self.is_identity_map = all(name == source for name, source in self.sources.items())
         self.seen_ids: set[str] = set()
 
     def __call__(self, raw: RawRecord) -> Request:
@@ -156,10 +157,12 @@ class Validator:
         """(known fields by our names, unknown fields); sets the request's id and endpoint first."""
         if self.openai_batch:
             return self._split_openai(record, request)
-        fields = {name: record.get(source) for name, source in self.sources.items()}
-        request.request_id = self._claim_id(fields["id"], "id", request.position)
-        extra = {key: value for key, value in record.items() if key not in self.known_sources}
-        return fields, extra
+        # fast paths (most records): no renaming, no unknown fields
+        fields = record if self.is_identity_map else {name: record.get(s) for name, s in self.sources.items()}
+        request.request_id = self._claim_id(fields.get("id"), "id", request.position)
+        if record.keys() <= self.known_sources:
+            return fields, {}
+        return fields, {key: value for key, value in record.items() if key not in self.known_sources}
 
     def _split_openai(self, record: dict[str, Any], request: Request) -> _Split:
         if record.get("custom_id") is None:
@@ -248,8 +251,9 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
     wanted, other = ("prompt", "messages") if url == COMPLETIONS_ENDPOINT else ("messages", "prompt")
     if other in body:
         raise Drop("invalid_body", f"{url} takes body.{wanted}, not body.{other}")
-    if body.get("n") not in (None, 1):
-        raise Drop("unsupported_parameter", f"n must be 1, got {_describe(body['n'])}")
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
+        raise Drop("unsupported_parameter", f"n must be 1 (one completion per request), got {_describe(n)}")
     max_tokens = body.get("max_completion_tokens")
     return {
         wanted: body.get(wanted),
@@ -349,6 +353,8 @@ def _content(index: int, content: Any) -> str:
 
 def _checked_text(text: str, name: str) -> str:
     """Lone surrogates (JSON "\\ud800") cannot be written as UTF-8; refuse them here."""
+    if text.isascii():  # O(1) in CPython
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:

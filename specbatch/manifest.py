@@ -1,0 +1,201 @@
+"""`JOB_DIR/manifest.json`: what a job is (config, dataset fingerprint, versions) and how far it got.
+
+Several worker processes update one manifest, so every change goes through `update_manifest`, which
+holds an exclusive `fcntl.flock` on `JOB_DIR/.manifest.lock` around load -> change -> save. Saves are
+atomic (temporary file, fsync, `os.replace`, fsync of the directory): a reader, or a job killed at
+any point, sees either the old manifest or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from specbatch.config import JobConfig, config_to_dict
+
+if TYPE_CHECKING:
+    from specbatch.data.shards import ShardInfo
+
+MANIFEST_NAME = "manifest.json"
+LOCK_NAME = ".manifest.lock"
+_VERSIONED_PACKAGES = ("specbatch", "torch", "transformers", "tokenizers", "datasets", "pyarrow")
+_CHUNK_BYTES = 1 << 20
+
+JobStatus = Literal["created", "ingesting", "ready", "running", "done", "cancelled", "failed"]
+ShardStatus = Literal["pending", "running", "done"]
+
+
+class ManifestError(ValueError):
+    """A manifest that exists but cannot be read; the CLI prints it and exits with code 2."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetInfo(_Model):
+    path: str
+    format: str
+    fingerprint: str
+    num_records: int = 0
+    num_dropped_at_ingest: int = 0
+    column_map: dict[str, str] = {}
+
+
+class ShardEntry(_Model):
+    name: str
+    num_records: int
+    num_dropped: int
+    status: ShardStatus = "pending"
+    worker_id: int | None = None
+
+
+class Manifest(_Model):
+    job_id: str
+    created_at: str  # ISO 8601, UTC
+    status: JobStatus = "created"
+    dataset: DatasetInfo
+    config: dict[str, Any]
+    versions: dict[str, str]
+    shards: list[ShardEntry] = []
+    parts: list[str] = []  # committed part files, relative to the job directory
+    counters: dict[str, int | float] = {}  # raw totals (records done, dropped, ...); rates are derived
+
+    def set_shards(self, shards: Iterable[ShardInfo]) -> None:
+        """Record the shards ingest wrote; all start `pending`."""
+        self.shards = [
+            ShardEntry(name=shard.name, num_records=shard.num_records, num_dropped=shard.num_dropped)
+            for shard in shards
+        ]
+        self.dataset.num_records = sum(entry.num_records for entry in self.shards)
+        self.dataset.num_dropped_at_ingest = sum(entry.num_dropped for entry in self.shards)
+
+
+def new_manifest(
+    job_id: str,
+    dataset_path: str | Path,
+    dataset_format: str,
+    config: JobConfig,
+    column_map: dict[str, str] | None = None,
+) -> Manifest:
+    """A fresh manifest for a job about to ingest; fingerprints the dataset (one streamed read)."""
+    dataset = DatasetInfo(
+        path=str(Path(dataset_path).resolve()),
+        format=dataset_format,
+        fingerprint=fingerprint(dataset_path),
+        column_map=dict(column_map or {}),
+    )
+    return Manifest(
+        job_id=job_id,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        dataset=dataset,
+        config=config_to_dict(config),
+        versions=collect_versions(),
+    )
+
+
+def fingerprint(path: str | Path) -> str:
+    """`sha256:<hex>` over the file's bytes; for a directory over (relative path, size, bytes) of
+    every file in sorted order, so renaming, adding or changing any file changes it."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    if not path.is_dir():
+        _hash_file(digest, path)
+        return f"sha256:{digest.hexdigest()}"
+    files = sorted((file.relative_to(path).as_posix(), file) for file in path.rglob("*") if file.is_file())
+    for relative, file in files:
+        name = relative.encode("utf-8")
+        digest.update(len(name).to_bytes(8, "little") + name)
+        digest.update(file.stat().st_size.to_bytes(8, "little"))
+        _hash_file(digest, file)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def collect_versions() -> dict[str, str]:
+    """Installed versions, read from package metadata so that nothing heavy (torch) is imported."""
+    versions = {"python": platform.python_version()}
+    for package in _VERSIONED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def manifest_path(job_dir: Path) -> Path:
+    return Path(job_dir) / MANIFEST_NAME
+
+
+def load_manifest(job_dir: Path) -> Manifest:
+    """The job's manifest; `FileNotFoundError` if there is none, `ManifestError` if it is unreadable."""
+    path = manifest_path(job_dir)
+    text = path.read_text(encoding="utf-8")
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as error:
+        raise ManifestError(f"{path} is not a valid specbatch manifest: {error}") from error
+
+
+def save_manifest(job_dir: Path, manifest: Manifest) -> None:
+    """Write atomically: a temporary file in the same directory, fsync, rename, fsync the directory."""
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=job_dir, prefix=".manifest.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(manifest.model_dump_json(indent=2))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, manifest_path(job_dir))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_directory(job_dir)
+
+
+def update_manifest(job_dir: Path, change: Callable[[Manifest], Manifest | None]) -> Manifest:
+    """Load, apply `change` (mutate in place or return a new manifest), save; under the job lock."""
+    with manifest_lock(job_dir):
+        manifest = load_manifest(job_dir)
+        changed = change(manifest)
+        manifest = manifest if changed is None else changed
+        save_manifest(job_dir, manifest)
+        return manifest
+
+
+@contextmanager
+def manifest_lock(job_dir: Path) -> Iterator[None]:
+    """Exclusive lock between processes; released when the file is closed, even by `kill -9`."""
+    with (Path(job_dir) / LOCK_NAME).open("a") as lock_file:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+
+
+def _hash_file(digest: Any, path: Path) -> None:
+    buffer = bytearray(_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as file:
+        while size := file.readinto(buffer):
+            digest.update(view[:size])
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

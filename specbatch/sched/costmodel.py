@@ -1,0 +1,85 @@
+"""Round time from the work a round does, fitted by least squares from `rounds` ledger rows.
+
+    round_ms ≈ c0 + c_tp·target_passes + c_tr·target_rows + c_dp·draft_passes + c_dr·draft_rows
+               + c_kv·kv_tokens_read
+
+Rows include padding (padded positions cost as much as real ones). Coefficients are kept
+non-negative (a feature whose fitted cost is negative is dropped and the rest refitted) so the
+model is monotone in every input: the deadline prefill policy binary-searches over it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+FEATURES = ("target_passes", "target_rows", "draft_passes", "draft_rows", "kv_tokens_read")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    intercept_ms: float
+    target_passes: float
+    target_rows: float
+    draft_passes: float
+    draft_rows: float
+    kv_tokens_read: float
+    mape: float | None = None  # mean absolute percentage error on the rounds it was fitted on
+    num_rounds: int = 0
+    source: str = ""  # where the numbers come from
+
+    def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: int = 0,
+                   kv_tokens_read: int = 0) -> float:
+        return (self.intercept_ms + self.target_passes * target_passes + self.target_rows * target_rows
+                + self.draft_passes * draft_passes + self.draft_rows * draft_rows
+                + self.kv_tokens_read * kv_tokens_read)
+
+    @classmethod
+    def fit(cls, rounds: pa.Table, source: str = "") -> CostModel:
+        columns = rounds.to_pydict()
+        x = np.column_stack([
+            np.asarray(columns["num_target_passes"], dtype=float),
+            np.asarray(columns["num_target_rows"], dtype=float) + np.asarray(columns["num_padded_target_rows"], dtype=float),
+            np.asarray(columns["num_draft_passes"], dtype=float),
+            np.asarray(columns["num_draft_rows"], dtype=float) + np.asarray(columns["num_padded_draft_rows"], dtype=float),
+            np.asarray(columns["num_kv_tokens_read"], dtype=float),
+        ])
+        y = np.asarray(columns["round_ms"], dtype=float)
+        if len(y) < 2:
+            raise ValueError("need at least two rounds to fit a cost model")
+        coefficients = _nonnegative_lstsq(np.column_stack([np.ones(len(y)), x]), y)
+        model = cls(*coefficients.tolist(), num_rounds=len(y), source=source)
+        predicted = np.array([model.predict_ms(*row) for row in x])
+        mape = float(np.mean(np.abs(predicted - y) / np.maximum(y, 1e-9)))
+        return cls(*coefficients.tolist(), mape=mape, num_rounds=len(y), source=source)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient ≥ 0: drop the most negative feature, refit, repeat."""
+    active = list(range(x.shape[1]))
+    while True:
+        solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (solution >= 0).all() or len(active) == 1:
+            full = np.zeros(x.shape[1])
+            full[active] = np.clip(solution, 0, None)
+            return full
+        active.pop(int(np.argmin(solution)))
+
+
+# Measured on the bundled demo pair, CPU, 2 threads (see `specbatch calibrate`); a starting point
+# for policies until a job's own rounds are fitted.
+CPU_DEMO_PROFILE = CostModel(
+    intercept_ms=1.0, target_passes=4.0, target_rows=0.12, draft_passes=1.2, draft_rows=0.03,
+    kv_tokens_read=0.0005, source="prior: bundled demo pair on 2 CPU cores (rough)",
+)

@@ -1,0 +1,56 @@
+"""Helpers shared by engine tests: build an engine on the tiny pair, reference greedy outputs."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from specbatch.config import load_config
+from specbatch.engine.build import build_engine, generate, load_models
+from specbatch.engine.loop import MemoryRecorder
+from specbatch.engine.sequence import SamplingParams, Sequence
+
+
+@dataclass
+class MixedLookahead:
+    """Test policy: each row gets a k from a fixed cycle, so one batch mixes k = 0..8."""
+
+    cycle: tuple[int, ...] = (0, 3, 8, 1, 5, 2)
+    name: str = "mixed"
+
+    def choose(self, rows, caps):
+        return [min(self.cycle[hash(r.request_id) % len(self.cycle)], cap) for r, cap in zip(rows, caps)]
+
+
+def tiny_config(pair, *overrides: str):
+    target, draft, _ = pair
+    extra = [f"models.tokenizer={target.parent / 'tokenizer'}"] if (target.parent / "tokenizer").exists() else []
+    return load_config(None, [f"models.target={target}", f"models.draft={draft}", "models.dtype=float64",
+                              *extra, *overrides])
+
+
+def random_prompts(tokenizer, n: int, seed: int = 0, max_len: int = 40) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    vocab = len(tokenizer)
+    return [([rng.randrange(2, vocab) for _ in range(rng.randint(1, max_len))], rng.randint(1, 24))
+            for _ in range(n)]
+
+
+def run_engine(config, requests, lookahead=None, models=None, **params):
+    models = models or load_models(config)
+    recorder = MemoryRecorder()
+    engine = build_engine(config, models, recorder)
+    if lookahead is not None:
+        engine.scheduler.lookahead = lookahead
+    rows = [Sequence(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, **params))
+            for i, (prompt, max_new) in enumerate(requests)]
+    return generate(engine, rows), recorder, engine
+
+
+def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos: int, pad: int) -> list[int]:
+    """The target's own greedy decoding of one prompt alone (batch size 1), via HF generate."""
+    output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                            eos_token_id=eos, pad_token_id=pad)
+    return output[0, len(prompt):].tolist()

@@ -1,0 +1,87 @@
+"""Invariant 1: greedy speculative output equals the target's own greedy decoding, token for
+token, for every drafter, lookahead (fixed and mixed per row), batch size and shape bucket."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import MixedLookahead, greedy_reference, random_prompts, run_engine, tiny_config
+from specbatch.engine.build import load_models
+
+NUM_PROMPTS = 32
+
+
+@pytest.fixture(scope="module")
+def references(tiny_pair):
+    config = tiny_config(tiny_pair)
+    models = load_models(config)
+    tokenizer = tiny_pair[2]
+    requests = random_prompts(tokenizer, NUM_PROMPTS)
+    refs = [greedy_reference(models.target, p, m, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for p, m in requests]
+    return requests, refs
+
+
+def assert_exact(rows, refs, count):
+    for i in range(count):
+        assert rows[f"r{i}"].output_ids == refs[i], f"request r{i} diverged from the target's greedy output"
+
+
+@pytest.mark.parametrize("drafter", ["draft", "ngram", "none"])
+@pytest.mark.parametrize("lookahead", ["fixed:1", "fixed:3", "fixed:5", "mixed"])
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_greedy_matches_target(tiny_pair, references, drafter, lookahead, batch):
+    requests, refs = references
+    count = {1: 6, 7: 14, 32: NUM_PROMPTS}[batch]
+    policy = MixedLookahead() if lookahead == "mixed" else None
+    config = tiny_config(tiny_pair, f"drafter.kind={drafter}", f"scheduler.max_batch_rows={batch}",
+                         f"scheduler.lookahead={'fixed:8' if policy else lookahead}", "scheduler.prefill_chunk=fixed:16")
+    rows, recorder, _ = run_engine(config, requests[:count], lookahead=policy)
+    assert_exact(rows, refs, count)
+    if drafter == "draft":
+        assert sum(r.num_accepted for r in recorder.rounds) > 0
+
+
+@pytest.mark.parametrize("buckets", [("batch_rows=[4,8,16]", "query_len=[2,4,8,16]"), ("kv_len_multiple=64",)])
+def test_greedy_exact_with_shape_buckets(tiny_pair, references, buckets):
+    requests, refs = references
+    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=11", *(f"buckets.{b}" for b in buckets))
+    rows, recorder, _ = run_engine(config, requests[:20])
+    assert_exact(rows, refs, 20)
+    if "batch_rows=[4,8,16]" in buckets:
+        assert any(r.num_bucket_rows > r.num_decode_rows for r in recorder.rounds)
+        assert sum(r.num_padded_target_rows for r in recorder.rounds) > 0
+
+
+def test_rows_join_and_leave_mid_run(tiny_pair, references):
+    """Continuous batching: few slots, and new requests arrive while others run."""
+    requests, refs = references
+    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=3", "scheduler.prefill_chunk=fixed:5")
+    from specbatch.engine.build import build_engine as build
+    from specbatch.engine.loop import MemoryRecorder as Recorder
+    from specbatch.engine.sequence import SamplingParams, Sequence
+
+    models = load_models(config)
+    engine = build(config, models, Recorder())
+    rows = [Sequence(f"r{i}", p, SamplingParams(max_new_tokens=m)) for i, (p, m) in enumerate(requests[:12])]
+    for row in rows[:4]:
+        engine.add(row)
+    for round_index in range(200):
+        if round_index % 3 == 0 and round_index // 3 + 4 < len(rows):
+            engine.add(rows[round_index // 3 + 4])
+        engine.step()
+    engine.run()
+    assert_exact({r.request_id: r for r in rows}, refs, 12)
+
+
+def test_gpt2_family_is_exact(tiny_gpt2):
+    target, draft, tokenizer = tiny_gpt2
+    config = tiny_config(tiny_gpt2, "scheduler.max_batch_rows=5")
+    models = load_models(config)
+    requests = random_prompts(tokenizer, 8, seed=5)
+    refs = [greedy_reference(models.target, p, m, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for p, m in requests]
+    for attn in ("sdpa", "eager"):
+        config = tiny_config(tiny_gpt2, "scheduler.max_batch_rows=5", f"models.attn_implementation={attn}")
+        rows, _, _ = run_engine(config, requests)
+        assert_exact(rows, refs, len(requests))

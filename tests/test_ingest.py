@@ -1,0 +1,355 @@
+"""Ingest and validation: every input record becomes exactly one shard row, bad ones with a reason.
+
+These tests run without a tokenizer (chat records are dropped as `no_chat_template`); tokenization,
+chat rendering and `prompt_too_long` are in test_shards.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specbatch.config import JobConfig
+from specbatch.data import ingest
+from specbatch.data.ingest import DatasetError, RawRecord, detect_format, resolve_dataset
+from specbatch.data.shards import read_shard, shard_dataset
+from specbatch.data.validate import DROP_REASONS, ValidationLimits, Validator, positional_id
+
+DATA = Path(__file__).parent / "data"
+CONFIG = JobConfig()
+USER_HI = [{"role": "user", "content": "hi"}]
+
+
+def jl(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+# (line, expected drop_reason or None for a good record). Blank lines make no record.
+JSONL_CORPUS: list[tuple[bytes, str | None]] = [
+    (jl(id="good-1", prompt="hello world"), None),
+    (jl(prompt="no id: positional id", domain="code"), None),
+    (jl(id=42, prompt="all fields", max_new_tokens=16, temperature=0.7, top_p=0.9, seed=7,
+        stop=["\n\n", "END"], extra={"a": 1}), None),
+    (jl(id="good-4", prompt="stop as a string", stop="###"), None),
+    (jl(id="good-5", prompt="nulls take defaults", max_new_tokens=None, temperature=None, seed=None,
+        stop=None, domain=None, top_p=None), None),
+    ('{"id": "good-6", "prompt": "unicode \u2713 \u6f22\u5b57 \U0001f600"}'.encode(), None),
+    (jl(id="good-7", prompt="integer temperature and top_p", temperature=1, top_p=1), None),
+    (b'{"id": "good-8", "prompt": "NaN in unknown fields", "score": NaN}', None),
+    (b"", None),  # blank: skipped
+    (b"   \t ", None),  # whitespace only: skipped
+    (b"{not json", "invalid_json"),
+    (b'{"prompt": "trailing comma",}', "invalid_json"),
+    (b"[" * 5000, "invalid_json"),  # nesting deeper than the parser allows
+    (b'{"prompt": "a", "seed": ' + b"1" * 5000 + b"}", "invalid_json"),  # over the int digit limit
+    (b'{"prompt": "bad bytes \xc3\x28"}', "invalid_utf8"),
+    (b"[1, 2, 3]", "not_an_object"),
+    (b'"just a string"', "not_an_object"),
+    (b"null", "not_an_object"),
+    (jl(id="bad-prompt-missing"), "missing_prompt"),
+    (jl(prompt=None), "missing_prompt"),
+    (jl(prompt=""), "empty_prompt"),
+    (jl(prompt="  \n "), "empty_prompt"),
+    (jl(prompt=5), "invalid_prompt"),
+    (jl(prompt=["a", "b"]), "invalid_prompt"),
+    (jl(prompt="a", messages=USER_HI), "prompt_and_messages"),
+    (jl(messages="hi"), "invalid_messages"),
+    (jl(messages=[]), "invalid_messages"),
+    (jl(messages=[{"role": "wizard", "content": "x"}]), "invalid_messages"),
+    (jl(messages=[{"role": "user", "content": 5}]), "invalid_messages"),
+    (jl(messages=["user: hi"]), "invalid_messages"),
+    (jl(messages=[{"role": "user", "content": [{"type": "image_url", "url": "x"}]}]), "invalid_messages"),
+    (jl(messages=USER_HI), "no_chat_template"),
+    (jl(prompt="a", max_new_tokens=True), "invalid_max_new_tokens"),
+    (jl(prompt="a", max_new_tokens="5"), "invalid_max_new_tokens"),
+    (jl(prompt="a", max_new_tokens=5.0), "invalid_max_new_tokens"),
+    (jl(prompt="a", max_new_tokens=0), "invalid_max_new_tokens"),
+    (jl(prompt="a", max_new_tokens=10**7), "invalid_max_new_tokens"),
+    (b'{"prompt": "a", "temperature": NaN}', "invalid_temperature"),
+    (b'{"prompt": "a", "temperature": Infinity}', "invalid_temperature"),
+    (b'{"prompt": "a", "temperature": 1e999}', "invalid_temperature"),
+    (jl(prompt="a", temperature=-0.5), "invalid_temperature"),
+    (jl(prompt="a", temperature=101), "invalid_temperature"),
+    (jl(prompt="a", temperature="0.7"), "invalid_temperature"),
+    (jl(prompt="a", temperature=False), "invalid_temperature"),
+    (jl(prompt="a", top_p=0), "invalid_top_p"),
+    (jl(prompt="a", top_p=1.5), "invalid_top_p"),
+    (jl(prompt="a", seed=-1), "invalid_seed"),
+    (jl(prompt="a", seed=2**64), "invalid_seed"),
+    (jl(prompt="a", seed=False), "invalid_seed"),
+    (jl(prompt="a", stop=5), "invalid_stop"),
+    (jl(prompt="a", stop=["ok", 3]), "invalid_stop"),
+    (jl(prompt="a", stop=""), "invalid_stop"),
+    (jl(prompt="a", stop=[f"s{i}" for i in range(17)]), "invalid_stop"),
+    (jl(prompt="a", domain=3), "invalid_domain"),
+    (jl(id=True, prompt="a"), "invalid_id"),
+    (jl(id=1.5, prompt="a"), "invalid_id"),
+    (jl(id="", prompt="a"), "invalid_id"),
+    (jl(id=["x"], prompt="a"), "invalid_id"),
+    (jl(id="x" * 600, prompt="a"), "invalid_id"),
+    (jl(id="good-1", prompt="the same id again"), "duplicate_id"),
+    (jl(id=42, prompt="int id 42 is string '42'"), "duplicate_id"),
+    (b'{"prompt": "lone surrogate \\ud800 here"}', "invalid_unicode"),
+    (b'{"prompt": "ok", "stop": ["\\udfff"]}', "invalid_unicode"),
+    (b'{"id": "big", "prompt": "' + b"x" * 12_000 + b'"}', "record_too_large"),
+    (jl(id="after-big", prompt="read fine after a skipped line"), None),
+]
+LIMITS = ValidationLimits(max_record_bytes=10_000)
+
+
+def write_lines(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def shard_rows(job_dir: Path) -> list[dict]:
+    shards = sorted((job_dir / "shards").glob("*.parquet"))
+    rows = [row for shard in shards for row in read_shard(shard).to_pylist()]
+    return sorted(rows, key=lambda row: row["position"])
+
+
+def run(dataset: Path, tmp_path: Path, **kwargs: object) -> list[dict]:
+    job_dir = tmp_path / "job"
+    shard_dataset(dataset, job_dir, CONFIG, **kwargs)
+    return shard_rows(job_dir)
+
+
+def expect_rows(rows: list[dict], corpus: list[tuple[bytes, str | None]]) -> None:
+    """One row per non-blank line, at that line's position, dropped exactly when expected."""
+    records = [(pos, reason) for pos, (line, reason) in enumerate(corpus) if line.strip()]
+    assert [row["position"] for row in rows] == [pos for pos, _ in records]
+    for row, (position, reason) in zip(rows, records, strict=True):
+        assert row["drop_reason"] == reason, (position, corpus[position][0][:80], row["drop_message"])
+        assert (row["drop_message"] is None) == (reason is None)
+        assert (row["prompt"] is None) == (reason is not None)
+    assert len({row["request_id"] for row in rows}) == len(rows), "request ids must be unique"
+
+
+def test_jsonl_corpus_of_bad_records(tmp_path: Path) -> None:
+    rows = run(write_lines(tmp_path / "d.jsonl", [line for line, _ in JSONL_CORPUS]), tmp_path, limits=LIMITS)
+    expect_rows(rows, JSONL_CORPUS)
+    assert len({reason for _, reason in JSONL_CORPUS if reason}) >= 19
+    assert {row["drop_reason"] for row in rows if row["drop_reason"]} <= DROP_REASONS.keys()
+    by_id = {row["request_id"]: row for row in rows}
+    assert by_id["rec-000000001"]["domain"] == "code"
+    assert by_id["42"]["stop"] == ["\n\n", "END"] and by_id["42"]["seed"] == 7
+    assert json.loads(by_id["42"]["metadata"]) == {"extra": {"a": 1}}
+    assert json.loads(by_id["good-8"]["metadata"]) == {"score": None}
+    assert by_id["good-4"]["stop"] == ["###"]
+    defaults = by_id["good-5"]
+    assert (defaults["max_new_tokens"], defaults["temperature"], defaults["top_p"]) == (128, 0.0, 1.0)
+    assert defaults["seed"] is None and defaults["stop"] == [] and defaults["domain"] == ""
+    assert by_id["good-6"]["prompt"].endswith("\U0001f600")
+    assert by_id["bad-prompt-missing"]["drop_reason"] == "missing_prompt"  # readable id is kept
+    for reason in ("invalid_json", "record_too_large", "invalid_id"):  # ids that could not be read
+        row = next(row for row in rows if row["drop_reason"] == reason)
+        assert row["request_id"] == positional_id(row["position"])
+
+
+def test_duplicate_rows_get_positional_ids(tmp_path: Path) -> None:
+    lines = [jl(id="a", prompt="x"), jl(id="a", prompt="y"), jl(id="rec-000000003", prompt="z"),
+             jl(prompt="w")]
+    rows = run(write_lines(tmp_path / "d.jsonl", lines), tmp_path)
+    assert [(r["request_id"], r["drop_reason"]) for r in rows] == [
+        ("a", None),
+        ("rec-000000001", "duplicate_id"),
+        ("rec-000000003", None),
+        ("rec-000000003-1", "duplicate_id"),  # its positional id was taken by an explicit id
+    ]
+
+
+def test_ids_are_stable_across_runs(tmp_path: Path) -> None:
+    dataset = write_lines(tmp_path / "d.jsonl", [line for line, _ in JSONL_CORPUS])
+    first = [(r["position"], r["request_id"]) for r in run(dataset, tmp_path, limits=LIMITS)]
+    shutil.rmtree(tmp_path / "job")
+    assert [(r["position"], r["request_id"]) for r in run(dataset, tmp_path, limits=LIMITS)] == first
+
+
+def test_utf8_bom_and_crlf(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b"\xef\xbb\xbf" + jl(prompt="first") + b"\r\n" + jl(prompt="second") + b"\r\n")
+    rows = run(dataset, tmp_path)
+    assert [(r["prompt"], r["drop_reason"]) for r in rows] == [("first", None), ("second", None)]
+
+
+def test_line_without_newline_over_the_limit(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(jl(prompt="ok") + b"\n" + b"y" * 25_000)
+    rows = run(dataset, tmp_path, limits=LIMITS)
+    assert [r["drop_reason"] for r in rows] == [None, "record_too_large"]
+
+
+OPENAI_CORPUS: list[tuple[bytes, str | None]] = [
+    (jl(custom_id="c-1", method="POST", url="/v1/completions",
+        body={"model": "m", "prompt": "Once", "max_tokens": 5, "temperature": 0.5, "stop": ["\n"]}), None),
+    (jl(custom_id="c-2", method="POST", url="/v1/completions",
+        body={"prompt": "Twice", "max_completion_tokens": 9, "max_tokens": 3, "n": 1}), None),
+    (jl(custom_id="c-3", method="POST", url="/v1/chat/completions", body={"messages": USER_HI}),
+     "no_chat_template"),
+    (jl(method="POST", url="/v1/completions", body={"prompt": "x"}), "missing_custom_id"),
+    (jl(custom_id="c-5", method="GET", url="/v1/completions", body={"prompt": "x"}), "unsupported_method"),
+    (jl(custom_id="c-6", method="POST", url="/v1/embeddings", body={"input": "x"}), "unsupported_endpoint"),
+    (jl(custom_id="c-7", method="POST", url="/v1/completions", body="prompt"), "invalid_body"),
+    (jl(custom_id="c-8", method="POST", url="/v1/completions", body={"messages": USER_HI}), "invalid_body"),
+    (jl(custom_id="c-9", method="POST", url="/v1/chat/completions", body={"prompt": "x"}), "invalid_body"),
+    (jl(custom_id="c-10", method="POST", url="/v1/completions", body={"prompt": "x", "n": 2}),
+     "unsupported_parameter"),
+    (jl(custom_id="c-1", method="POST", url="/v1/completions", body={"prompt": "again"}), "duplicate_id"),
+    (jl(custom_id={"a": 1}, method="POST", url="/v1/completions", body={"prompt": "x"}), "invalid_id"),
+    (jl(custom_id="c-13", method="POST", url="/v1/completions", body={"prompt": [1, 2]}), "invalid_prompt"),
+    (jl(custom_id="c-14", method="POST", url="/v1/completions", body={"prompt": "x", "max_tokens": 0}),
+     "invalid_max_new_tokens"),
+    (b"not json", "invalid_json"),
+]
+
+
+def test_openai_batch_corpus(tmp_path: Path) -> None:
+    dataset = write_lines(tmp_path / "batch.jsonl", [line for line, _ in OPENAI_CORPUS])
+    assert detect_format(dataset) == "openai_batch"
+    rows = run(dataset, tmp_path)
+    expect_rows(rows, OPENAI_CORPUS)
+    by_id = {row["request_id"]: row for row in rows}
+    first = by_id["c-1"]
+    assert (first["prompt"], first["max_new_tokens"], first["temperature"]) == ("Once", 5, 0.5)
+    assert first["endpoint"] == "/v1/completions" and first["stop"] == ["\n"]
+    assert json.loads(first["metadata"]) == {"body": {"model": "m"}}
+    assert by_id["c-2"]["max_new_tokens"] == 9  # max_completion_tokens wins over max_tokens
+    assert by_id["c-3"]["endpoint"] == "/v1/chat/completions"
+    assert by_id["rec-000000003"]["drop_reason"] == "missing_custom_id"
+
+
+def test_openai_batch_fixture_file() -> None:
+    assert detect_format(DATA / "openai_batch.jsonl") == "openai_batch"
+    assert detect_format(DATA / "records.jsonl") == "jsonl"
+
+
+def parquet_table() -> pa.Table:
+    return pa.table({
+        "id": ["p-0", None, "p-2", "p-3", "p-0", "p-5", "p-6"],
+        "prompt": ["alpha", "beta", None, "", "dup", "gamma", "delta"],
+        "max_new_tokens": [4, None, 4, 4, 4, 0, 8],
+        "temperature": [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, float("nan")],
+        "domain": ["prose", "code", None, "code", "code", "code", "code"],
+        "source": ["s0", "s1", "s2", "s3", "s4", "s5", "s6"],
+    })
+
+
+def test_parquet_corpus_across_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ingest, "BATCH_ROWS", 3)
+    dataset = tmp_path / "d.parquet"
+    pq.write_table(parquet_table(), dataset, row_group_size=2)
+    rows = run(dataset, tmp_path)
+    expected = [None, None, "missing_prompt", "empty_prompt", "duplicate_id", "invalid_max_new_tokens",
+                "invalid_temperature"]
+    assert [row["drop_reason"] for row in rows] == expected
+    assert [row["position"] for row in rows] == list(range(7))
+    assert rows[1]["request_id"] == "rec-000000001" and rows[1]["temperature"] == 0.5
+    assert rows[4]["request_id"] == "rec-000000004"
+    assert json.loads(rows[0]["metadata"]) == {"source": "s0"}
+
+
+def test_parquet_written_by_pandas_has_no_index_metadata(tmp_path: Path) -> None:
+    pandas = pytest.importorskip("pandas")
+    dataset = tmp_path / "d.parquet"
+    pandas.DataFrame({"prompt": ["a", "b"]}, index=[5, 9]).to_parquet(dataset)
+    assert [row["metadata"] for row in run(dataset, tmp_path)] == [None, None]
+
+
+def test_parquet_chat_messages_column(tmp_path: Path) -> None:
+    dataset = tmp_path / "chat.parquet"
+    pq.write_table(pa.table({"id": ["m"], "messages": [USER_HI]}), dataset)
+    assert [row["drop_reason"] for row in run(dataset, tmp_path)] == ["no_chat_template"]
+
+
+def test_jsonl_round_trip(tmp_path: Path) -> None:
+    rows = run(DATA / "records.jsonl", tmp_path)
+    source = [json.loads(line) for line in (DATA / "records.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == [record["prompt"] for record in source]
+    assert all(row["drop_reason"] is None for row in rows)
+
+
+def test_hf_saved_dataset_with_column_map(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    data = {"idx": [10, 11, 12], "text": ["one", "two", ""], "prompt": ["x", "y", "z"]}
+    datasets.Dataset.from_dict(data).save_to_disk(str(tmp_path / "saved"))
+    assert detect_format(tmp_path / "saved") == "hf_saved"
+    rows = run(tmp_path / "saved", tmp_path, column_map={"prompt": "text", "id": "idx"})
+    assert [(r["request_id"], r["prompt"], r["drop_reason"]) for r in rows] == [
+        ("10", "one", None), ("11", "two", None), ("12", None, "empty_prompt")
+    ]
+    assert json.loads(rows[0]["metadata"]) == {"prompt": "x"}  # the unmapped column is kept as metadata
+
+
+def test_hf_saved_dataset_dict_uses_train_split(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    splits = {"train": datasets.Dataset.from_dict({"prompt": ["a", "b"]}),
+              "test": datasets.Dataset.from_dict({"prompt": ["c"]})}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
+    assert [row["prompt"] for row in run(tmp_path / "dd", tmp_path)] == ["a", "b"]
+
+
+def test_hf_local_csv_with_column_map(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    dataset = tmp_path / "d.csv"
+    dataset.write_text("idx,text,max_new_tokens\n7,hello there,3\n8,second,5\n")
+    assert detect_format(dataset) == "hf:csv"
+    rows = run(dataset, tmp_path, column_map={"prompt": "text", "id": "idx"})
+    assert [(r["request_id"], r["prompt"], r["max_new_tokens"]) for r in rows] == [
+        ("7", "hello there", 3), ("8", "second", 5)
+    ]
+
+
+def test_hf_local_json_builder(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    dataset = write_lines(tmp_path / "d.jsonl", [jl(q="first?", n=1), jl(q="second?", n=2)])
+    rows = run(dataset, tmp_path, dataset_format="hf:json", column_map={"prompt": "q", "id": "n"})
+    assert [(r["request_id"], r["prompt"]) for r in rows] == [("1", "first?"), ("2", "second?")]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs", "message"),
+    [
+        ("missing.jsonl", None, {}, "not found"),
+        ("d.txt", b"hello", {}, "cannot tell the format"),
+        ("d.jsonl", b"{}", {"dataset_format": "xml"}, "unknown dataset format"),
+        ("d.jsonl", b"{}", {"column_map": {"promt": "text"}}, "unknown fields"),
+        ("d.parquet", b"not parquet", {}, "not a readable Parquet file"),
+        ("d.json", b'[{"prompt": "a"},\n {"prompt": "b"}]', {}, "JSON array"),
+        ("d.jsonl", b"\xff\xfe{\x00}\x00", {}, "UTF-16"),
+        ("batch.jsonl", jl(custom_id="a", body={}), {"column_map": {"prompt": "p"}}, "OpenAI"),
+    ],
+)
+def test_unusable_datasets_raise(
+    tmp_path: Path, name: str, content: bytes | None, kwargs: dict, message: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(DatasetError, match=message):
+        shard_dataset(path, tmp_path / "job", CONFIG, **kwargs)
+    assert not (tmp_path / "job").exists(), "nothing is written for an unusable dataset"
+
+
+def test_table_column_problems_raise(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": ["a"]}), dataset)
+    with pytest.raises(DatasetError, match="no prompt column"):
+        resolve_dataset(dataset)
+    with pytest.raises(DatasetError, match="not found"):
+        resolve_dataset(dataset, column_map={"prompt": "txt"})
+    assert resolve_dataset(dataset, column_map={"prompt": "text"}).format == "parquet"
+    (tmp_path / "plain_dir").mkdir()
+    with pytest.raises(DatasetError, match="not a saved Hugging Face dataset"):
+        resolve_dataset(tmp_path / "plain_dir")
+
+
+def test_validator_defaults_come_from_config() -> None:
+    config = JobConfig.model_validate({"sampling": {"max_new_tokens": 7, "temperature": 0.3, "top_p": 0.5}})
+    request = Validator(config.sampling)(RawRecord(0, {"prompt": "p"}))
+    assert (request.max_new_tokens, request.temperature, request.top_p) == (7, 0.3, 0.5)
+    assert request.request_id == "rec-000000000" and not request.is_dropped
