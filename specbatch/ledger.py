@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
@@ -301,3 +302,21 @@ def parse_part_name(name: str) -> tuple[int, str, int]:
     if match is None:
         raise ValueError(f"not a part name: {name!r}")
     return int(match["worker"]), match["run"], int(match["seq"])
+
+
+def retire_cancelled_results(job_dir: Path) -> int:
+    """Remove `cancelled` rows from committed results parts so a resumed job runs them again.
+
+    Each affected results file is rewritten atomically; its rounds/steps/requests rows stay (the
+    cancelled attempt's work really was done). Returns the number of rows retired.
+    """
+    retired = 0
+    for name in committed_parts(job_dir):
+        path = Path(job_dir) / "results" / (name + PART_SUFFIX)
+        table = pq.read_table(path, schema=RESULTS_SCHEMA)
+        keep = pc.not_equal(table.column("status"), "cancelled")
+        kept = table.filter(keep)
+        if kept.num_rows < table.num_rows:
+            retired += table.num_rows - kept.num_rows
+            _write_atomic(kept, path, durable=True)
+    return retired

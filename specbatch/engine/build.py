@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
-from specbatch.engine.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
+from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specbatch.engine.loading import (
     ModelLoadError,
     check_same_tokenizer,

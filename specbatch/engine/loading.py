@@ -93,3 +93,18 @@ def check_same_tokenizer(target_dir: str, draft_dir: str, tokenizer: PreTrainedT
     draft_tokenizer = AutoTokenizer.from_pretrained(draft_path, trust_remote_code=models.trust_remote_code)
     if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ModelLoadError(f"draft {draft_dir!r} does not share the target {target_dir!r}'s tokenizer")
+
+
+def context_limit(models: ModelsConfig) -> int:
+    """The target's (and draft's) position limit, read from config.json without loading weights."""
+    from transformers import AutoConfig
+
+    limits = []
+    for name in filter(None, (models.target, models.draft)):
+        try:
+            config = AutoConfig.from_pretrained(resolve_model_path(name),
+                                                trust_remote_code=models.trust_remote_code).get_text_config()
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"cannot read the model config at {name}: {error}") from error
+        limits.append(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048)
+    return min(limits)

@@ -78,7 +78,7 @@ class Engine:
             self.backend.admit(row)
         finished = list(admission.dropped)
         for row in admission.dropped:
-            self._record_finished(row)
+            self.record_finished(row)
         if plan.is_empty:
             return finished
         outcome = self.backend.execute(plan)
@@ -99,22 +99,22 @@ class Engine:
                 self.scheduler.finish(row)
                 self.backend.release(row, finished=True)
                 row.finished_s = emitted_s
-                self._record_finished(row)
+                self.record_finished(row)
         commit_ms = (time.perf_counter() - commit_started) * 1000
         round_ms = (self.clock() - started_s) * 1000  # the engine's clock: wall time, or virtual in the simulator
         self.recorder.add_round(self._round_record(plan, outcome, num_committed, started_s, commit_ms, round_ms))
         self.num_rounds += 1
         return finished
 
-    def cancel_all(self) -> list[Sequence]:
+    def cancel_all(self, reason: str = "job_cancelled") -> list[Sequence]:
         """Stop on purpose: running and waiting rows become `cancelled` with the tokens they have."""
         rows = list(self.scheduler.running) + [entry[2] for entry in self.scheduler.waiting]
         now = self.clock()
         for row in rows:
             self.scheduler.finish(row)
             self.backend.release(row, finished=True)
-            row.status, row.finished_s = Status.CANCELLED, now
-            self._record_finished(row)
+            row.status, row.finished_s, row.drop_reason = Status.CANCELLED, now, reason
+            self.record_finished(row)
         self.scheduler.waiting.clear()
         return rows
 
@@ -136,7 +136,8 @@ class Engine:
             num_committed=committed, num_output_tokens=row.num_output_tokens,
         ))
 
-    def _record_finished(self, row: Sequence) -> None:
+    def record_finished(self, row: Sequence) -> None:
+        """Request + result records of a row that is done (completed, dropped or cancelled)."""
         finished_s = row.finished_s if row.finished_s is not None else self.clock()
         self.recorder.add_request(RequestRecord(
             request_id=row.request_id, worker_id=self.worker_id, domain=row.domain, status=row.status.value,
@@ -153,7 +154,7 @@ class Engine:
             text=self.stops.text(row) if row.status is not Status.DROPPED else None,
             output_token_ids=list(row.output_ids), finish_reason=row.finish_reason,
             drop_reason=row.drop_reason, drop_message=row.drop_message,
-            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain,
+            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain, metadata=row.metadata,
         ))
 
     def _round_record(self, plan: RoundPlan, outcome, num_committed: int, started_s: float,

@@ -47,6 +47,7 @@ class Sequence:
     finish_reason: str | None = None
     drop_reason: str | None = None
     drop_message: str | None = None
+    metadata: str | None = None  # the input record's unknown fields (JSON), passed through to results
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None

@@ -12,9 +12,10 @@ import ast
 import hashlib
 import sysconfig
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 Domain = Literal["code", "prose"]
 Split = Literal["train", "heldout"]

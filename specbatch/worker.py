@@ -1,0 +1,170 @@
+"""One worker process: its shards → engine → ledger parts.
+
+Worker i of N takes shards i, i + N, ... of the manifest. It skips every request that already has a
+committed result (resume), streams shards into the engine so batching continues across shard
+boundaries, flushes parts every N requests or T seconds, and on a stop request cancels what is in
+flight (recorded as `cancelled` with its tokens) and commits before returning.
+Launched in-process by `specbatch submit`, or as `accelerate launch ... -m specbatch.worker`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbatch.config import JobConfig
+from specbatch.data.shards import read_shard_requests
+from specbatch.data.validate import Request
+from specbatch.engine.build import Models, build_engine, load_models
+from specbatch.engine.loop import Engine
+from specbatch.engine.sequence import SamplingParams, Sequence, Status
+from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
+from specbatch.manifest import load_manifest, update_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerProgress:
+    """Raw counters a progress display derives rates from."""
+
+    num_done: int = 0
+    num_dropped: int = 0
+    num_cancelled: int = 0
+    num_committed_tokens: int = 0
+    num_proposed: int = 0
+    num_accepted: int = 0
+
+
+def my_shards(job_dir: Path, worker_id: int, num_workers: int) -> list[str]:
+    shards = load_manifest(job_dir).shards
+    return [shard.name for index, shard in enumerate(shards) if index % num_workers == worker_id]
+
+
+def to_sequence(request: Request) -> Sequence:
+    """A shard row as engine state; a dropped row keeps zeroed limits (it never runs)."""
+    params = SamplingParams(max_new_tokens=request.max_new_tokens or 0, temperature=request.temperature or 0.0,
+                            top_p=request.top_p or 1.0, seed=request.seed, stop=tuple(request.stop or ()))
+    row = Sequence(request.request_id, list(request.prompt_token_ids or []), params, request.domain or "")
+    row.metadata = request.metadata
+    if request.is_dropped:
+        row.status, row.drop_reason, row.drop_message = Status.DROPPED, request.drop_reason, request.drop_message
+    return row
+
+
+def pending_requests(job_dir: Path, shard_names: list[str], done: set[str]) -> Iterator[tuple[str, Request]]:
+    for name in shard_names:
+        for request in read_shard_requests(job_dir / "shards" / name):
+            if request.request_id not in done:
+                yield name, request
+
+
+def run_worker(
+    job_dir: Path,
+    config: JobConfig,
+    worker_id: int = 0,
+    num_workers: int = 1,
+    run_id: str | None = None,
+    models: Models | None = None,
+    stop_requested: threading.Event | None = None,
+    on_round: Callable[[WorkerProgress], None] | None = None,
+) -> WorkerProgress:
+    """Run this worker's share of the job to completion (or until a stop is requested)."""
+    job_dir = Path(job_dir)
+    stop_requested = stop_requested or threading.Event()
+    run_id = run_id or time.strftime("%Y%m%dT%H%M%S")
+    remove_orphan_parts(job_dir, worker_id)
+    done = committed_request_ids(job_dir)
+    names = my_shards(job_dir, worker_id, num_workers)
+    models = models or load_models(config)
+    writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
+    engine = build_engine(config, models, writer, worker_id)
+    progress = WorkerProgress()
+    _mark_shards(job_dir, names, "running", worker_id)
+    feed = pending_requests(job_dir, names, done)
+    backlog = 2 * config.scheduler.max_batch_rows
+    exhausted = False
+    while not stop_requested.is_set():
+        while not exhausted and len(engine.scheduler.waiting) < backlog:
+            exhausted = not _admit_next(engine, feed, progress)
+        if not engine.scheduler.has_work:
+            break
+        _count(engine.step(), progress)
+        if writer.maybe_flush() is not None and on_round is None:
+            log.info("worker %d: %d requests done", worker_id, progress.num_done)
+        if on_round is not None:
+            on_round(progress)
+    if stop_requested.is_set():
+        _count(engine.cancel_all(), progress)
+    writer.flush()
+    if exhausted and not engine.scheduler.has_work:
+        _mark_shards(job_dir, names, "done", worker_id)
+    return progress
+
+
+def _admit_next(engine: Engine, feed: Iterator[tuple[str, Request]], progress: WorkerProgress) -> bool:
+    """Move one request from the shards into the engine; dropped ones are recorded directly."""
+    item = next(feed, None)
+    if item is None:
+        return False
+    row = to_sequence(item[1])
+    if row.status is Status.DROPPED:
+        engine.record_finished(row)
+        _count([row], progress)
+    else:
+        engine.add(row)
+    return True
+
+
+def _count(rows: list[Sequence], progress: WorkerProgress) -> None:
+    for row in rows:
+        progress.num_done += 1
+        progress.num_dropped += row.status is Status.DROPPED
+        progress.num_cancelled += row.status is Status.CANCELLED
+        progress.num_committed_tokens += row.num_output_tokens
+        progress.num_proposed += row.num_proposed
+        progress.num_accepted += row.num_accepted
+
+
+def _mark_shards(job_dir: Path, names: list[str], status: str, worker_id: int) -> None:
+    wanted = set(names)
+
+    def change(manifest):
+        for shard in manifest.shards:
+            if shard.name in wanted:
+                shard.status, shard.worker_id = status, worker_id
+
+    update_manifest(job_dir, change)
+
+
+def main() -> None:
+    """Entry point for `accelerate launch -m specbatch.worker JOB_DIR`: one process per device."""
+    from accelerate import Accelerator
+
+    from specbatch.config import JobConfig as Config
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("--run-id", required=True)
+    args = parser.parse_args()
+    accelerator = Accelerator(cpu=True) if _cpu_only() else Accelerator()
+    manifest = load_manifest(args.job_dir)
+    config = Config.model_validate(manifest.config)
+    config = config.model_copy(update={"models": config.models.model_copy(update={"device": str(accelerator.device)})})
+    logging.basicConfig(level=logging.INFO, format=f"[worker {accelerator.process_index}] %(message)s")
+    run_worker(args.job_dir, config, accelerator.process_index, accelerator.num_processes, args.run_id)
+
+
+def _cpu_only() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()
