@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
+from specbatch.faults import crash_point
 
 if TYPE_CHECKING:
     from specbatch.data.shards import ShardInfo
@@ -157,6 +158,7 @@ def save_manifest(job_dir: Path, manifest: Manifest) -> None:
             file.write(manifest.model_dump_json(indent=2))
             file.flush()
             os.fsync(file.fileno())
+        crash_point("manifest_write")
         os.replace(tmp, manifest_path(job_dir))
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -10,10 +10,14 @@ Launched in-process by `specbatch submit`, or as `accelerate launch ... -m specb
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from specbatch.data.validate import Request
 from specbatch.engine.build import Models, build_engine, load_models
 from specbatch.engine.loop import Engine
 from specbatch.engine.sequence import SamplingParams, Sequence, Status
+from specbatch.faults import crash_point
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.manifest import load_manifest, update_manifest
 
@@ -48,12 +53,15 @@ def my_shards(job_dir: Path, worker_id: int, num_workers: int) -> list[str]:
 
 def to_sequence(request: Request) -> Sequence:
     """A shard row as engine state; a dropped row keeps zeroed limits (it never runs)."""
-    params = SamplingParams(max_new_tokens=request.max_new_tokens or 0, temperature=request.temperature or 0.0,
-                            top_p=request.top_p or 1.0, seed=request.seed, stop=tuple(request.stop or ()))
+    params = SamplingParams(
+        max_new_tokens=request.max_new_tokens or 0, temperature=request.temperature or 0.0,
+        top_p=request.top_p or 1.0, seed=request.seed, stop=tuple(request.stop or ()),
+    )
     row = Sequence(request.request_id, list(request.prompt_token_ids or []), params, request.domain or "")
     row.metadata = request.metadata
     if request.is_dropped:
-        row.status, row.drop_reason, row.drop_message = Status.DROPPED, request.drop_reason, request.drop_message
+        row.status, row.drop_reason = Status.DROPPED, request.drop_reason
+        row.drop_message = request.drop_message
     return row
 
 
@@ -95,13 +103,13 @@ def run_worker(
         if not engine.scheduler.has_work:
             break
         _count(engine.step(), progress)
-        if writer.maybe_flush() is not None and on_round is None:
-            log.info("worker %d: %d requests done", worker_id, progress.num_done)
+        crash_point("round")
+        _record_part(job_dir, writer.maybe_flush())
         if on_round is not None:
             on_round(progress)
     if stop_requested.is_set():
         _count(engine.cancel_all(), progress)
-    writer.flush()
+    _record_part(job_dir, writer.flush())
     if exhausted and not engine.scheduler.has_work:
         _mark_shards(job_dir, names, "done", worker_id)
     return progress
@@ -131,6 +139,14 @@ def _count(rows: list[Sequence], progress: WorkerProgress) -> None:
         progress.num_accepted += row.num_accepted
 
 
+def _record_part(job_dir: Path, name: str | None) -> None:
+    """After a part's commit (its results file renamed), list it in the manifest."""
+    if name is None:
+        return
+    crash_point("part_committed")
+    update_manifest(job_dir, lambda manifest: manifest.parts.append(name))
+
+
 def _mark_shards(job_dir: Path, names: list[str], status: str, worker_id: int) -> None:
     wanted = set(names)
 
@@ -142,29 +158,65 @@ def _mark_shards(job_dir: Path, names: list[str], status: str, worker_id: int) -
     update_manifest(job_dir, change)
 
 
-def main() -> None:
-    """Entry point for `accelerate launch -m specbatch.worker JOB_DIR`: one process per device."""
-    from accelerate import Accelerator
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `accelerate launch -m specbatch.worker JOB_DIR --run-id R` (one process per device),
+    or `python -m specbatch.worker JOB_DIR --run-id R --worker-id I --num-workers N` (no accelerate).
 
-    from specbatch.config import JobConfig as Config
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    SIGINT / SIGTERM stop the worker: in-flight requests are recorded as cancelled and committed.
+    Exit code 0 when its shards are done, 130 when stopped.
+    """
+    parser = argparse.ArgumentParser(description="One specbatch worker process.")
     parser.add_argument("job_dir", type=Path)
     parser.add_argument("--run-id", required=True)
-    args = parser.parse_args()
-    accelerator = Accelerator(cpu=True) if _cpu_only() else Accelerator()
-    manifest = load_manifest(args.job_dir)
-    config = Config.model_validate(manifest.config)
-    config = config.model_copy(update={"models": config.models.model_copy(update={"device": str(accelerator.device)})})
-    logging.basicConfig(level=logging.INFO, format=f"[worker {accelerator.process_index}] %(message)s")
-    run_worker(args.job_dir, config, accelerator.process_index, accelerator.num_processes, args.run_id)
+    parser.add_argument("--worker-id", type=int, help="without accelerate: this worker's index")
+    parser.add_argument("--num-workers", type=int, help="without accelerate: the number of workers")
+    args = parser.parse_args(argv)
+    config = JobConfig.model_validate(load_manifest(args.job_dir).config)
+    worker_id, num_workers, device = _placement(args, config)
+    config = config.model_copy(update={"models": config.models.model_copy(update={"device": device})})
+    logging.basicConfig(level=logging.INFO, format=f"[worker {worker_id}] %(asctime)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with worker_lock(args.job_dir, worker_id):
+        run_worker(args.job_dir, config, worker_id, num_workers, args.run_id, stop_requested=stop)
+    log.info("worker %d %s", worker_id, "stopped" if stop.is_set() else "done")
+    return 130 if stop.is_set() else 0
 
 
-def _cpu_only() -> bool:
+def _placement(args: argparse.Namespace, config: JobConfig) -> tuple[int, int, str]:
+    """(worker id, number of workers, device) from the arguments, or from accelerate's process state."""
     import torch
 
-    return not torch.cuda.is_available()
+    on_cpu = config.models.device == "cpu" or not torch.cuda.is_available()
+    if args.worker_id is not None:
+        num_workers = args.num_workers or 1
+        if on_cpu or not 0 <= args.worker_id < num_workers:
+            return args.worker_id, num_workers, "cpu" if on_cpu else config.models.device
+        return args.worker_id, num_workers, f"cuda:{args.worker_id % torch.cuda.device_count()}"
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True) if on_cpu else Accelerator()
+    return accelerator.process_index, accelerator.num_processes, str(accelerator.device)
+
+
+@contextmanager
+def worker_lock(job_dir: Path, worker_id: int, timeout_s: float = 60.0) -> Iterator[None]:
+    """Hold JOB_DIR/.worker-NN.lock: a worker waits for a stale one with its id (a killed launcher's
+    child still committing) instead of writing the same requests beside it."""
+    path = Path(job_dir) / f".worker-{worker_id:02d}.lock"
+    with path.open("a") as lock_file:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {worker_id} of {job_dir} is still running") from None
+                time.sleep(0.5)
+        yield
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

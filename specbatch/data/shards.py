@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from specbatch.config import IOConfig, JobConfig
 from specbatch.data.ingest import iter_records, resolve_dataset
 from specbatch.data.validate import Request, ValidationLimits, Validator
+from specbatch.faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class ShardWriter:
         reasons = [request.drop_reason for request in requests if request.drop_reason is not None]
         self.drop_counts.update(reasons)
         self.shards.append(ShardInfo(name, len(requests), len(reasons)))
+        crash_point("ingest_shard")
 
 
 def requests_to_table(requests: list[Request]) -> pa.Table:

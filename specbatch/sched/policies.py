@@ -1,43 +1,52 @@
-"""Order, lookahead and prefill-chunk policies. Pure Python: they see `Sequence` state and
-counters, never tensors, so the simulator runs the very same objects.
+"""Policy protocols and the simple policies. Pure Python: policies see `Sequence` state, counters
+and the shared `SchedContext`, never tensors, so the simulator runs the very same objects.
 
-- Order policies rank waiting (and, if they preempt, running) requests: lower key runs first.
-- Lookahead policies choose k per decode row, within each row's cap.
-- Prefill-chunk policies size the prefill chunk of a round.
+- Order policies rank waiting (and, if they preempt, running) requests: lower priority value runs
+  first. A waiting row's `key` must not change while it waits, except through its class's scale:
+  priority = class_scale(class_of(row)) · key(row). Keeping keys static is what lets the scheduler
+  keep a million waiting rows in heaps and do O(#classes + log n) work per admission.
+- Lookahead policies choose k per decode row, within each row's cap (order: lookahead.py).
+- Prefill-chunk policies size each prefill row's chunk for a round (deadline: prefill.py).
+More policies: order.py (laps-sd, specbatch), lookahead.py (adaptive, slack), prefill.py (deadline).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from specbatch.engine.sequence import Sequence
+from specbatch.sched.estimates import AcceptanceStats
 
-
-@dataclass
-class AcceptanceStats:
-    """Per-domain proposed/accepted draft counts, updated at commit; priors for new rows."""
-
-    proposed: dict[str, int] = field(default_factory=dict)
-    accepted: dict[str, int] = field(default_factory=dict)
-    prior: float = 0.5
-
-    def observe(self, domain: str, num_proposed: int, num_accepted: int) -> None:
-        self.proposed[domain] = self.proposed.get(domain, 0) + num_proposed
-        self.accepted[domain] = self.accepted.get(domain, 0) + num_accepted
-
-    def alpha(self, domain: str, prior_weight: float = 8.0) -> float:
-        """Per-token acceptance of a domain, shrunk towards the prior while it has few samples."""
-        proposed = self.proposed.get(domain, 0)
-        return (self.accepted.get(domain, 0) + self.prior * prior_weight) / (proposed + prior_weight)
+__all__ = ["AcceptanceStats", "Fcfs", "FixedLookahead", "FixedPrefillChunk", "LookaheadPolicy", "OrderBase",
+           "OrderPolicy", "PrefillChunkPolicy", "ShortestJobFirst", "full_order"]
 
 
 class OrderPolicy(Protocol):
     name: str
     preemptive: bool
+    uses_starvation_guard: bool
 
     def key(self, row: Sequence, now_s: float) -> float:
-        """Rank of a row; lower runs first."""
+        """Static rank of a row within its class while it waits; lower runs first."""
+
+    def class_of(self, row: Sequence) -> str:
+        """Rows of one class share a scale that may change over time (e.g. per-domain speed)."""
+
+    def class_scale(self, cls: str) -> float:
+        """Current multiplier of a class's keys (≥ 0)."""
+
+    def priority(self, row: Sequence, now_s: float) -> float:
+        """Current rank of any row (waiting or running): class_scale · key, minus any aging credit.
+        With aging (uses_starvation_guard), the oldest waiting row is a candidate next to the class
+        heads, so a long wait can lift a row over better-keyed ones."""
+
+    def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
+        """Whether `waiting` deserves `running`'s place enough to pay for a recompute."""
+
+    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int], need_tokens: int) -> Sequence:
+        """Which running candidate to preempt (kv_held[i]: KV tokens candidates[i] holds; need_tokens:
+        KV the scheduler must free)."""
 
 
 class LookaheadPolicy(Protocol):
@@ -50,12 +59,55 @@ class LookaheadPolicy(Protocol):
 class PrefillChunkPolicy(Protocol):
     name: str
 
-    def chunk_tokens(self, decode_rows: list[tuple[Sequence, int]]) -> int:
-        """Prefill tokens this round may add next to the given decode rows (row, k)."""
+    def chunk_tokens(self, decode_rows: list[tuple[Sequence, int]], prefill_rows: list[Sequence] = ()) -> int:
+        """Largest prefill chunk a row may get this round next to the given decode rows (row, k);
+        prefill_rows are the rows that would prefill, in order."""
+
+
+class OrderBase:
+    """Defaults for order policies: one class of scale 1, no aging, preempt only a row of strictly
+    worse priority, and the worst-ranked victim first."""
+
+    name = "base"
+    preemptive = False
+    uses_starvation_guard = False
+
+    def key(self, row: Sequence, now_s: float) -> float:
+        raise NotImplementedError
+
+    def class_of(self, row: Sequence) -> str:
+        return ""
+
+    def class_scale(self, cls: str) -> float:
+        return 1.0
+
+    def priority(self, row: Sequence, now_s: float) -> float:
+        return self.class_scale(self.class_of(row)) * self.key(row, now_s)
+
+    def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
+        return self.priority(waiting, now_s) < self.priority(running, now_s)
+
+    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int], need_tokens: int) -> Sequence:
+        return max(candidates, key=lambda row: self.priority(row, now_s))
+
+
+class _WrappedOrder(OrderBase):
+    """Gives a minimal order policy (name, preemptive, key) the full protocol."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+        self.preemptive = getattr(inner, "preemptive", False)
+
+    def key(self, row: Sequence, now_s: float) -> float:
+        return self.inner.key(row, now_s)
+
+
+def full_order(policy) -> OrderPolicy:
+    return policy if hasattr(policy, "class_scale") else _WrappedOrder(policy)
 
 
 @dataclass
-class Fcfs:
+class Fcfs(OrderBase):
     name: str = "fcfs"
     preemptive: bool = False
 
@@ -64,7 +116,7 @@ class Fcfs:
 
 
 @dataclass
-class ShortestJobFirst:
+class ShortestJobFirst(OrderBase):
     """Shortest remaining max_new_tokens first (the clairvoyant bound users give us)."""
 
     name: str = "sjf"
@@ -88,5 +140,5 @@ class FixedPrefillChunk:
     size: int
     name: str = "fixed"
 
-    def chunk_tokens(self, decode_rows: list[tuple[Sequence, int]]) -> int:
+    def chunk_tokens(self, decode_rows: list[tuple[Sequence, int]], prefill_rows: list[Sequence] = ()) -> int:
         return self.size

@@ -1,20 +1,28 @@
-"""Admission, batch composition and preemption under KV capacity and a per-round token budget.
+"""Admission, batch composition and preemption under KV capacity, a token budget and a round-time
+objective.
 
 One scheduling model: a decode row asks for 1 + k target positions (k = 0 is plain decoding), a
 prefill row for its chunk. A row whose prefill completes this round also verifies this round.
+Per round: admit (grow reservations, preempt for priority, admit in policy order) → pack the
+decodable rows → lookahead k per row → prefill chunks with what is left of the token budget.
+Preemption is by recompute: the row's KV is freed, num_computed reset, and it is re-prefilled
+when re-admitted (greedy output unchanged).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from dataclasses import dataclass
 
 from specbatch.engine.sequence import Sequence, Status
 from specbatch.sched.capacity import KVBudget
+from specbatch.sched.context import SchedContext
+from specbatch.sched.estimates import AcceptanceStats
+from specbatch.sched.packing import Packer
 from specbatch.sched.plan import RoundPlan
-from specbatch.sched.policies import AcceptanceStats, LookaheadPolicy, OrderPolicy, PrefillChunkPolicy
+from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
+from specbatch.sched.queues import WaitQueue
+from specbatch.sched.roundcost import DecodeShape
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,7 @@ class SchedulerLimits:
     max_context: int  # target positions a row may use (prompt + output)
     max_lookahead: int
     admission: str = "reserve"  # reserve: worst case up front | optimistic: grow, preempt by recompute
+    max_preemptions_per_round: int = 4  # priority preemptions (recompute is not free)
 
 
 @dataclass
@@ -42,13 +51,17 @@ class Scheduler:
         lookahead: LookaheadPolicy,
         prefill_chunk: PrefillChunkPolicy,
         stats: AcceptanceStats | None = None,
+        context: SchedContext | None = None,
     ) -> None:
         self.limits, self.kv = limits, kv
-        self.order, self.lookahead, self.prefill_chunk = order, lookahead, prefill_chunk
-        self.stats = stats or AcceptanceStats()
-        self.waiting: list[tuple[float, int, Sequence]] = []  # heap by (order key, arrival counter)
+        self.ctx = context or SchedContext(stats=stats or AcceptanceStats(), max_lookahead=limits.max_lookahead,
+                                           max_batch_rows=limits.max_batch_rows,
+                                           max_round_tokens=limits.max_round_tokens)
+        self.stats = self.ctx.stats
+        self.order, self.lookahead, self.prefill_chunk = full_order(order), lookahead, prefill_chunk
+        self.waiting = WaitQueue(self.order)
         self.running: list[Sequence] = []
-        self._counter = itertools.count()
+        self.packer = Packer(self.ctx)
 
     @property
     def has_work(self) -> bool:
@@ -56,7 +69,7 @@ class Scheduler:
 
     def add(self, row: Sequence, now_s: float = 0.0) -> None:
         row.status = Status.WAITING
-        heapq.heappush(self.waiting, (self.order.key(row, now_s), next(self._counter), row))
+        self.waiting.push(row, now_s)
 
     def reservation(self, row: Sequence) -> int:
         """KV positions a row may need: worst case, or (optimistic) just its next round."""
@@ -66,66 +79,127 @@ class Scheduler:
         return row.num_tokens + self.limits.max_lookahead + 1
 
     def admit(self, now_s: float) -> Admission:
-        """Admit waiting rows in policy order while rows, slots and KV capacity allow."""
+        """Admit waiting rows in policy order while rows, KV and the round-time objective allow;
+        a preemptive order may first take a worse running row's place."""
         result = Admission([], [], [])
         if self.limits.admission == "optimistic":
-            result.preempted = self._grow_reservations()
-        while self.waiting and len(self.running) < self.limits.max_batch_rows:
-            row = self.waiting[0][2]
+            result.preempted = self._grow_reservations(now_s)
+            if result.preempted:
+                return result  # memory pressure: admit nothing new this round
+        num_priority_preemptions = 0
+        while self.waiting:
+            row = self.waiting.peek(now_s)
             need = self.reservation(row)
             if need > self.kv.capacity_tokens:
-                heapq.heappop(self.waiting)
+                self.waiting.pop(now_s)
                 row.status, row.drop_reason = Status.DROPPED, "exceeds_kv_capacity"
                 result.dropped.append(row)
                 continue
-            if not self.kv.can_reserve(need):
+            if any(row is r for r in result.preempted):
+                break  # a row preempted this round waits at least a round
+            if self._can_admit(row, need):
+                self._admit(self.waiting.pop(now_s), need, now_s, result)
+                continue
+            if num_priority_preemptions >= self.limits.max_preemptions_per_round:
                 break
-            heapq.heappop(self.waiting)
-            self.kv.reserve(row.request_id, need)
-            row.status = Status.RUNNING
-            if row.admitted_s is None:
-                row.admitted_s = now_s
-            self.running.append(row)
-            result.admitted.append(row)
+            victim = self._priority_victim(row, need, now_s)
+            if victim is None:
+                break
+            self.preempt(victim)
+            result.preempted.append(victim)
+            num_priority_preemptions += 1
         return result
 
-    def _grow_reservations(self) -> list[Sequence]:
-        """Optimistic mode: each running row needs room for its next round; preempt the lowest
-        ranked rows (recompute later) until everyone left fits."""
+    def _can_admit(self, row: Sequence, need: int) -> bool:
+        return (len(self.running) < self.limits.max_batch_rows and self.kv.can_reserve(need)
+                and self._fits_round_time(row))
+
+    def _fits_round_time(self, row: Sequence) -> bool:
+        """Predicted verify time of the running rows plus this one (k = 0) within tpot_slo_ms; the
+        first row always fits (progress)."""
+        if not self.running:
+            return True
+        shape = DecodeShape.of(self.running + [row], [0] * (len(self.running) + 1))
+        return self.ctx.round_cost.decode_ms(shape) <= self.ctx.tpot_slo_ms
+
+    def _admit(self, row: Sequence, need: int, now_s: float, result: Admission) -> None:
+        self.kv.reserve(row.request_id, need)
+        row.status = Status.RUNNING
+        if row.admitted_s is None:
+            row.admitted_s = now_s
+        self.running.append(row)
+        result.admitted.append(row)
+
+    def _priority_victim(self, row: Sequence, need: int, now_s: float) -> Sequence | None:
+        """A running row to preempt so that `row` fits, if the order policy wants one and freeing
+        it makes room (a slot and enough KV); None otherwise."""
+        if not self.order.preemptive:
+            return None
+        candidates = [r for r in self.running if self.order.should_preempt(r, row, now_s)]
+        held = [self.kv.reserved.get(r.request_id, 0) for r in candidates]
+        fits = [i for i, h in enumerate(held) if self.kv.num_free + h >= need]
+        if not fits:
+            return None
+        pool = [candidates[i] for i in fits]
+        return self.order.pick_victim(pool, now_s, [held[i] for i in fits], need - self.kv.num_free)
+
+    def _grow_reservations(self, now_s: float) -> list[Sequence]:
+        """Optimistic mode: each running row needs room for its next round; preempt (policy's pick)
+        until everyone left fits."""
         preempted: list[Sequence] = []
-        ranked = sorted(self.running, key=lambda r: self.order.key(r, 0.0))
-        while ranked:
-            need = sum(max(self.reservation(r), self.kv.reserved.get(r.request_id, 0)) for r in ranked)
-            if need <= self.kv.capacity_tokens:
+        while self.running:
+            wants = {r.request_id: max(self.reservation(r), self.kv.reserved.get(r.request_id, 0)) for r in self.running}
+            deficit = sum(wants.values()) - self.kv.capacity_tokens
+            if deficit <= 0:
                 break
-            victim = ranked.pop()
+            held = [self.kv.reserved.get(r.request_id, 0) for r in self.running]
+            victim = self.order.pick_victim(list(self.running), now_s, held, deficit)
             self.preempt(victim)
             preempted.append(victim)
-        for row in ranked:
+        for row in self.running:
             self.kv.reserve(row.request_id, max(self.reservation(row), self.kv.reserved[row.request_id]))
         return preempted
 
     def preempt(self, row: Sequence) -> None:
-        self.running.remove(row)
+        _remove(self.running, row)
         self.kv.free(row.request_id)
         row.num_computed = row.num_draft_computed = 0
         row.num_preemptions += 1
-        self.add(row)
+        self.add(row, self.ctx.now_s)
 
     def plan(self, now_s: float) -> tuple[RoundPlan, Admission]:
         started = time.perf_counter()
+        self.ctx.now_s = now_s
         admission = self.admit(now_s)
         plan = RoundPlan()
-        budget = self.limits.max_round_tokens
         decoding = [row for row in self.running if row.is_decoding]
-        for row, k in zip(decoding, self.lookahead.choose(decoding, [self.cap(r) for r in decoding])):
-            k = max(0, min(k, budget - 1))
+        rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
+        budget = self._plan_decode(plan, rows)
+        self._plan_prefill(plan, budget, now_s)
+        self.ctx.observe_plan(plan, len(self.running))
+        plan.plan_ms = (time.perf_counter() - started) * 1000
+        return plan, admission
+
+    def _plan_decode(self, plan: RoundPlan, rows: list[Sequence]) -> int:
+        budget = self.limits.max_round_tokens
+        for row, k in zip(rows, self.lookahead.choose(rows, [self.cap(r) for r in rows])):
             if budget < 1:
                 break
+            k = max(0, min(k, budget - 1))
             plan.decode.append((row, k))
             budget -= 1 + k
-        chunk_limit = self.prefill_chunk.chunk_tokens(plan.decode)
-        prefilling = sorted((r for r in self.running if not r.is_decoding), key=lambda r: self.order.key(r, now_s))
+        return budget
+
+    def _plan_prefill(self, plan: RoundPlan, budget: int, now_s: float) -> None:
+        """Prefill rows in priority order. A row whose prefill completes also verifies this round,
+        with k no larger than the round's largest (no extra verify padding); if it is the round's
+        only kind of verify row, the lookahead policy chooses for those rows together."""
+        prefilling = sorted((r for r in self.running if not r.is_decoding),
+                            key=lambda r: self.order.priority(r, now_s))
+        if not prefilling:
+            return
+        chunk_limit = self.prefill_chunk.chunk_tokens(plan.decode, prefilling)
+        completing: list[Sequence] = []
         for row in prefilling:
             size = min(chunk_limit, row.num_prefill_remaining, budget)
             if size <= 0:
@@ -133,11 +207,17 @@ class Scheduler:
             plan.prefill.append((row, size))
             budget -= size
             if size == row.num_prefill_remaining and budget >= 1:
-                k = min(self.lookahead.choose([row], [self.cap(row)])[0], budget - 1)
-                plan.decode.append((row, max(0, k)))
-                budget -= 1 + max(0, k)
-        plan.plan_ms = (time.perf_counter() - started) * 1000
-        return plan, admission
+                completing.append(row)
+                budget -= 1
+        if not completing:
+            return
+        caps = [self.cap(r) for r in completing]
+        max_k = max((k for _, k in plan.decode), default=None)
+        ks = self.lookahead.choose(completing, caps) if max_k is None else [min(c, max_k) for c in caps]
+        for row, k in zip(completing, ks):
+            k = max(0, min(k, budget))
+            plan.decode.append((row, k))
+            budget -= k
 
     def cap(self, row: Sequence) -> int:
         """Largest useful k: no drafts past max_new_tokens, no positions past the context."""
@@ -145,6 +225,15 @@ class Scheduler:
                           self.limits.max_context - row.num_tokens))
 
     def finish(self, row: Sequence) -> None:
-        if row in self.running:
-            self.running.remove(row)
+        _remove(self.running, row)
         self.kv.free(row.request_id)
+        if row.status is Status.COMPLETED:
+            self.ctx.observe_finish(row)
+
+
+def _remove(rows: list[Sequence], row: Sequence) -> None:
+    """Remove by identity (dataclass equality would compare every field)."""
+    for index, candidate in enumerate(rows):
+        if candidate is row:
+            del rows[index]
+            return

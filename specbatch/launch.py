@@ -1,0 +1,249 @@
+"""Launch a job's worker group: one worker in this process, or N worker processes.
+
+`workers.num_processes == 1` runs `run_worker` here, so a progress display sees every round. For
+N > 1 every worker is its own process with its own shards (shard i goes to worker i % N), its own
+copy of the models on its device and its own ledger parts (named by worker id):
+
+- `accelerate` (the default when it is installed): `accelerate launch --multi_gpu --num_processes N
+  --num_machines 1 --mixed_precision no --dynamo_backend no -m specbatch.worker JOB_DIR --run-id R`,
+  one process per GPU, or N gloo processes on CPU (the worker then makes `Accelerator(cpu=True)`).
+  Not `--cpu --num_processes N`: measured with accelerate 1.x, that silently starts one process.
+- `subprocess`: N plain `python -m specbatch.worker JOB_DIR --run-id R --worker-id i --num-workers N`,
+  when accelerate is not installed or `SPECBATCH_LAUNCHER=subprocess` is set.
+
+The processes run in a session of their own and die with their parent (PR_SET_PDEATHSIG), so a
+launcher that is killed leaves no worker writing behind a retry. On a stop (Ctrl-C, SIGTERM) the
+group gets SIGTERM; each worker cancels what is in flight, commits and exits. A worker that crashes
+loses only what it had not committed; accelerate then stops the others (they commit on SIGTERM),
+plain subprocesses run on. Either way `WorkerGroupError` is raised and a retry of the launch
+resumes: committed requests are skipped. Process output goes to JOB_DIR/logs/workers-RUN_ID.log.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pyarrow.parquet as pq
+
+from specbatch.config import JobConfig
+from specbatch.ledger import PART_SUFFIX, committed_parts
+from specbatch.worker import WorkerProgress, run_worker
+
+log = logging.getLogger(__name__)
+
+Launcher = Literal["in-process", "accelerate", "subprocess"]
+LAUNCHERS: tuple[Launcher, ...] = ("in-process", "accelerate", "subprocess")
+STOP_GRACE_S = 60.0  # how long stopped workers may take to commit before SIGKILL
+POLL_S = 0.2
+
+
+class WorkerGroupError(RuntimeError):
+    """Worker processes failed; what they committed stays, and a retry redoes the rest."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    launcher: Launcher
+    num_processes: int
+    stopped: bool  # a stop was requested: in-flight requests were recorded as cancelled
+    progress: WorkerProgress  # this launch's counters (read back from the ledger for processes)
+    log_path: Path | None  # worker processes' output; None in-process
+
+
+def choose_launcher(num_processes: int) -> Launcher:
+    if num_processes == 1:
+        return "in-process"
+    forced = os.environ.get("SPECBATCH_LAUNCHER", "")
+    if forced in LAUNCHERS:
+        return forced  # type: ignore[return-value]
+    return "accelerate" if importlib.util.find_spec("accelerate") else "subprocess"
+
+
+def launch_workers(
+    job_dir: Path,
+    config: JobConfig,
+    run_id: str,
+    stop_requested: threading.Event | None = None,
+    on_round: Callable[[WorkerProgress], None] | None = None,
+    launcher: Launcher | None = None,
+) -> LaunchResult:
+    """Run the job's worker group to completion or until `stop_requested` is set."""
+    job_dir = Path(job_dir)
+    stop_requested = stop_requested or threading.Event()
+    num_processes = config.workers.num_processes
+    launcher = launcher or choose_launcher(num_processes)
+    if launcher == "in-process":
+        progress = run_worker(job_dir, config, 0, 1, run_id, stop_requested=stop_requested, on_round=on_round)
+        return LaunchResult(launcher, 1, stop_requested.is_set(), progress, None)
+    return _launch_processes(job_dir, config, run_id, launcher, stop_requested, on_round)
+
+
+def worker_commands(job_dir: Path, run_id: str, num_processes: int, launcher: Launcher) -> list[list[str]]:
+    """The command lines of one launch: a single `accelerate launch`, or one per worker."""
+    worker = ["-m", "specbatch.worker", str(job_dir), "--run-id", run_id]
+    if launcher == "accelerate":
+        return [[sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                 "--num_processes", str(num_processes), "--num_machines", "1", "--mixed_precision", "no",
+                 "--dynamo_backend", "no", "--main_process_port", str(free_port()), *worker]]
+    return [[sys.executable, *worker, "--worker-id", str(i), "--num-workers", str(num_processes)]
+            for i in range(num_processes)]
+
+
+def worker_env(config: JobConfig, num_processes: int) -> dict[str, str]:
+    """The parent's environment, with the CPU threads split between the processes."""
+    env = dict(os.environ)
+    num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    num_threads = config.models.num_threads or max(1, num_cpus // num_processes)
+    env.setdefault("OMP_NUM_THREADS", str(num_threads))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch_processes(job_dir: Path, config: JobConfig, run_id: str, launcher: Launcher,
+                      stop_requested: threading.Event,
+                      on_round: Callable[[WorkerProgress], None] | None) -> LaunchResult:
+    num_processes = config.workers.num_processes
+    log_path = job_dir / "logs" / f"workers-{run_id}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    watcher = LedgerWatcher(job_dir)
+    commands = worker_commands(job_dir, run_id, num_processes, launcher)
+    log.info("launching %d worker processes (%s); output in %s", num_processes, launcher, log_path)
+    with log_path.open("ab") as output:
+        processes = [_spawn(command, worker_env(config, num_processes), output) for command in commands]
+        try:
+            codes = _wait(processes, stop_requested, watcher, on_round)
+        finally:
+            _stop_group(processes, STOP_GRACE_S)
+    progress = watcher.poll()
+    if on_round is not None:
+        on_round(progress)
+    failed = [code for code in codes if code != 0]
+    if failed and not stop_requested.is_set():
+        raise WorkerGroupError(f"worker processes exited with {codes} ({launcher}); committed work is kept "
+                               f"and a retry redoes the rest. Last lines of {log_path}:\n{_tail(log_path)}")
+    return LaunchResult(launcher, num_processes, stop_requested.is_set(), progress, log_path)
+
+
+def _spawn(command: list[str], env: dict[str, str], output) -> subprocess.Popen:
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=output,
+                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launching thread dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _wait(processes: list[subprocess.Popen], stop_requested: threading.Event, watcher: LedgerWatcher,
+          on_round: Callable[[WorkerProgress], None] | None) -> list[int]:
+    """Wait for every process; forward a stop as SIGTERM to the groups; report ledger progress."""
+    signalled_at: float | None = None
+    while any(p.poll() is None for p in processes):
+        running = [p for p in processes if p.poll() is None]
+        if stop_requested.is_set() and signalled_at is None:
+            _signal_groups(running, signal.SIGTERM)
+            signalled_at = time.monotonic()
+        if signalled_at is not None and time.monotonic() - signalled_at > STOP_GRACE_S:
+            _signal_groups(running, signal.SIGKILL)
+        if on_round is not None and watcher.is_due():
+            on_round(watcher.poll())
+        time.sleep(POLL_S)
+    return [p.returncode for p in processes]
+
+
+def _stop_group(processes: list[subprocess.Popen], grace_s: float) -> None:
+    """Leave nothing running: SIGTERM the groups still running, SIGKILL them after `grace_s`."""
+    running = [p for p in processes if p.poll() is None]
+    if not running:
+        return
+    _signal_groups(running, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    _signal_groups(running, signal.SIGKILL)  # also any grandchild left in the group
+    for process in running:
+        process.wait()
+
+
+def _signal_groups(processes: list[subprocess.Popen], sig: int) -> None:
+    for process in processes:
+        try:
+            os.killpg(process.pid, sig)  # each process leads its own session: group id = its pid
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def _tail(path: Path, num_lines: int = 20) -> str:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-num_lines:])
+
+
+class LedgerWatcher:
+    """Progress of worker processes, read from the parts they commit after this watcher started."""
+
+    def __init__(self, job_dir: Path, every_s: float = 1.0) -> None:
+        self.job_dir = Path(job_dir)
+        self.every_s = every_s
+        self.progress = WorkerProgress()
+        self._seen = set(committed_parts(self.job_dir))
+        self._last_poll = time.monotonic()
+
+    def is_due(self) -> bool:
+        return time.monotonic() - self._last_poll >= self.every_s
+
+    def poll(self) -> WorkerProgress:
+        self._last_poll = time.monotonic()
+        for name in committed_parts(self.job_dir):
+            if name not in self._seen:
+                self._seen.add(name)
+                self._count(self.job_dir / "requests" / (name + PART_SUFFIX))
+        return self.progress
+
+    def _count(self, path: Path) -> None:
+        columns = ["status", "num_output_tokens", "num_proposed", "num_accepted"]
+        rows = pq.read_table(path, columns=columns).to_pydict()
+        p = self.progress
+        p.num_done += len(rows["status"])
+        p.num_dropped += rows["status"].count("dropped")
+        p.num_cancelled += rows["status"].count("cancelled")
+        p.num_committed_tokens += sum(rows["num_output_tokens"])
+        p.num_proposed += sum(rows["num_proposed"])
+        p.num_accepted += sum(rows["num_accepted"])
+
+
+@contextmanager
+def stop_on_signals(stop_requested: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set `stop_requested` instead of raising (main thread only; else a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: stop_requested.set()) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

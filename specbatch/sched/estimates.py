@@ -1,0 +1,122 @@
+"""Acceptance and length statistics the policies estimate from, and the maths they share.
+
+Drafts are accepted left to right until the first rejection, so one speculative round of a row is
+an accepted-prefix length a ≤ k. With a per-token acceptance α (each draft kept with probability α
+while its predecessors were kept):
+
+    P(a ≥ i) = α^i                 E[committed | k] = Σ_{i=0..k} α^i = (1 − α^(k+1)) / (1 − α)
+
+Estimating α: the naive accepted / proposed is biased low (a round that stops at the first reject
+never shows the drafts after it). The maximum-likelihood estimate of a geometric run censored at k
+counts accepted drafts A and rounds that ended in a rejection R (a < k):
+
+    α̂ = A / (A + R)
+
+and we shrink it towards a prior with weight w:  α̂ = (A + w·prior) / (A + R + w).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specbatch.engine.sequence import Sequence
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected committed tokens of one verified row with k drafts: (1 − α^(k+1)) / (1 − α)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def shrunk_alpha(num_accepted: int, num_rejections: int, prior: float, prior_weight: float) -> float:
+    """α̂ = (A + w·prior) / (A + R + w): the censored-geometric MLE shrunk towards the prior."""
+    return (num_accepted + prior * prior_weight) / (num_accepted + num_rejections + prior_weight)
+
+
+@dataclass
+class AcceptanceStats:
+    """Per-domain counters updated at commit (acceptance) and at finish (lengths, completion time).
+
+    These are the prediction-free statistical signals: no per-request length predictor, only what
+    the job has measured so far per domain, shrunk towards priors while samples are few.
+    """
+
+    proposed: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    rejections: dict[str, int] = field(default_factory=dict)  # speculative rounds ended by a reject
+    num_finished: dict[str, int] = field(default_factory=dict)
+    output_tokens: dict[str, int] = field(default_factory=dict)  # Σ output tokens of finished rows
+    budget_tokens: dict[str, int] = field(default_factory=dict)  # Σ max_new_tokens of finished rows
+    completion_s: float = 0.0  # Σ (finish − arrival) over finished rows, all domains
+    num_completed: int = 0
+    prior: float = 0.5
+
+    def observe(self, domain: str, num_proposed: int, num_accepted: int) -> None:
+        self.proposed[domain] = self.proposed.get(domain, 0) + num_proposed
+        self.accepted[domain] = self.accepted.get(domain, 0) + num_accepted
+        if num_accepted < num_proposed:
+            self.rejections[domain] = self.rejections.get(domain, 0) + 1
+
+    def observe_finish(self, domain: str, num_output_tokens: int, max_new_tokens: int,
+                       completion_s: float) -> None:
+        self.num_finished[domain] = self.num_finished.get(domain, 0) + 1
+        self.output_tokens[domain] = self.output_tokens.get(domain, 0) + num_output_tokens
+        self.budget_tokens[domain] = self.budget_tokens.get(domain, 0) + max_new_tokens
+        self.completion_s += max(0.0, completion_s)
+        self.num_completed += 1
+
+    def alpha(self, domain: str, prior_weight: float = 8.0) -> float:
+        """Per-token acceptance of a domain (censored-geometric MLE), shrunk towards the prior."""
+        return shrunk_alpha(self.accepted.get(domain, 0), self.rejections.get(domain, 0), self.prior,
+                            prior_weight)
+
+    def length_ratio(self, domain: str, prior_weight: float = 256.0) -> float:
+        """Σ output / Σ max_new_tokens of the domain's finished rows, shrunk towards 1 (no early
+        stops) with `prior_weight` budget tokens: how much of its budget a request really uses."""
+        used, budget = self.output_tokens.get(domain, 0), self.budget_tokens.get(domain, 0)
+        return (used + prior_weight) / (budget + prior_weight)
+
+    def mean_completion_s(self) -> float | None:
+        return self.completion_s / self.num_completed if self.num_completed else None
+
+
+@dataclass
+class _RowCounts:
+    num_seen: int = 0  # accept_history entries already counted
+    num_accepted: int = 0
+    num_rejections: int = 0
+
+
+@dataclass
+class AlphaTracker:
+    """Per-row α̂ from `accept_history`, counted incrementally (O(new entries) per call) and shrunk
+    towards the row's domain α̂, so a row with no history gets its domain's estimate."""
+
+    stats: AcceptanceStats
+    row_prior_weight: float = 4.0
+    _rows: dict[str, _RowCounts] = field(default_factory=dict)
+
+    def alpha(self, row: Sequence) -> float:
+        counts = self._counts(row)
+        return shrunk_alpha(counts.num_accepted, counts.num_rejections, self.stats.alpha(row.domain),
+                            self.row_prior_weight)
+
+    def num_samples(self, row: Sequence) -> int:
+        """Accepted drafts + rejections seen: the evidence behind the row's own estimate."""
+        counts = self._counts(row)
+        return counts.num_accepted + counts.num_rejections
+
+    def forget(self, row: Sequence) -> None:
+        self._rows.pop(row.request_id, None)
+
+    def _counts(self, row: Sequence) -> _RowCounts:
+        history = row.accept_history
+        if not history:  # no entry for rows that never speculated (a million waiting rows stay free)
+            return _RowCounts()
+        counts = self._rows.setdefault(row.request_id, _RowCounts())
+        for num_accepted, k in history[counts.num_seen :]:
+            counts.num_accepted += num_accepted
+            counts.num_rejections += int(num_accepted < k)
+        counts.num_seen = len(history)
+        return counts

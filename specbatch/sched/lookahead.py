@@ -1,0 +1,150 @@
+"""Lookahead policies that weigh drafts against predicted round time: `adaptive` and `slack`.
+
+Both see the batch through the cost model's shapes (roundcost.py). The verify pass pads every row
+to 1 + max k, so k is a *batch* decision as much as a row's: raising the largest k costs padded
+positions on every row, while a row below the largest k pays only its own draft rows.
+Expected committed tokens of a row with acceptance α and k drafts: E(α, k) = (1 − α^(k+1))/(1 − α);
+the j-th draft adds α^j.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from specbatch.engine.sequence import Sequence
+from specbatch.sched.context import SchedContext
+from specbatch.sched.estimates import expected_tokens
+from specbatch.sched.roundcost import DecodeShape, draft_lag
+
+
+@dataclass
+class _Batch:
+    """The per-row inputs of one choice: acceptance, cap, first query position, draft-cache lag."""
+
+    alphas: list[float]
+    caps: list[int]
+    starts: list[int]
+    lags: list[float]
+
+    @classmethod
+    def of(cls, ctx: SchedContext, rows: list[Sequence], caps: list[int], horizon: float = 1.0) -> _Batch:
+        """Lags beyond the pending token are spread over `horizon` rounds (a one-off catch-up)."""
+        alphas = [min(max(ctx.alpha(r), 1e-6), 1 - 1e-9) for r in rows]
+        lags = [1 + (draft_lag(r) - 1) / horizon for r in rows]
+        return cls(alphas, list(caps), [r.num_computed for r in rows], lags)
+
+    def shape(self, ks: list[int]) -> DecodeShape:
+        shape = DecodeShape()
+        for start, k, lag in zip(self.starts, ks, self.lags):
+            shape.add(start, k, lag)
+        return shape
+
+    def tokens(self, ks: list[int]) -> float:
+        return sum(expected_tokens(a, k) for a, k in zip(self.alphas, ks))
+
+
+@dataclass
+class AdaptiveLookahead:
+    """Maximize the batch's expected committed tokens per predicted millisecond,
+
+        max_k  Σ_i E(α_i, k_i) / T(k),   T from the cost model (padding, draft passes, lags),
+
+    so each row's k is "expected tokens per unit of predicted round cost" with the cost counted at
+    the margin, given the batch. Solved exactly over the shared largest k, K = 0..max cap: with K
+    fixed the verify pass is fixed and a row's further drafts only cost draft rows, so (Dinkelbach)
+    with λ = Σ E / T each row maximizes E(α_i, k) − λ·c_draft_row·(k − 1 + lag): drafts j ≤ k* with
+    α^j ≥ λ·c_draft_row are worth it, k* = ⌊ln(λ·c) / ln α⌋, and the row drafts at all only if
+    Σ_{j≤k*} α^j beats its catch-up cost. Iterate λ a few times, keep the K with the best ratio.
+    k = 0 falls out where speculation does not pay: a large batch (the padded verify grows with
+    B·K) or a poorly matched domain (α̂ small, shrunk from the domain's statistics).
+
+    Hysteresis: the previous round's K is kept unless another K is `hysteresis` better. A row that
+    stopped drafting must catch its draft cache up (its lag, padded across drafting rows at step 0):
+    that switching cost is counted in T, spread over `switch_horizon` rounds since it is paid once.
+    """
+
+    ctx: SchedContext
+    hysteresis: float = 0.05
+    switch_horizon: float = 8.0
+    num_iterations: int = 3
+    name: str = "adaptive"
+    last_k_max: int = field(default=0, init=False)
+
+    def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
+        if not rows or max(caps) == 0:
+            return [0 for _ in rows]
+        batch = _Batch.of(self.ctx, rows, caps, self.switch_horizon)
+        solutions = [self._solve(batch, k_max) for k_max in range(max(caps) + 1)]
+        best = max(range(len(solutions)), key=lambda k_max: solutions[k_max][0])
+        kept = min(self.last_k_max, len(solutions) - 1)
+        if solutions[best][0] < solutions[kept][0] * (1 + self.hysteresis):
+            best = kept
+        self.last_k_max = best
+        return solutions[best][1]
+
+    def _solve(self, batch: _Batch, k_max: int) -> tuple[float, list[int]]:
+        """(tokens per ms, ks) for a largest k of k_max."""
+        round_cost = self.ctx.round_cost
+        price_per_row = round_cost.cost.draft_rows if round_cost.uses_draft_model else 0.0
+        ks = [min(cap, k_max) for cap in batch.caps]
+        for _ in range(self.num_iterations):
+            shape = batch.shape(ks)
+            rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
+            price = rate * price_per_row  # tokens one more draft row costs the batch
+            new_ks = [_row_k(a, min(cap, k_max), price, max(shape.max_lag, lag))
+                      for a, cap, lag in zip(batch.alphas, batch.caps, batch.lags)]
+            if new_ks == ks:
+                break
+            ks = new_ks
+        return batch.tokens(ks) / round_cost.decode_ms(batch.shape(ks)), ks
+
+
+def _row_k(alpha: float, k_cap: int, price: float, lag: float) -> int:
+    """argmax_k E(α, k) − price·(k − 1 + lag) over k ∈ {0} ∪ {1..k_cap} (0 < α < 1)."""
+    if k_cap <= 0 or price <= 0:
+        return max(k_cap, 0)
+    k_star = min(k_cap, max(1, int(math.log(price) / math.log(alpha))))
+    gain = expected_tokens(alpha, k_star) - 1.0
+    return k_star if gain > price * (k_star - 1 + lag) else 0
+
+
+@dataclass
+class SlackLookahead:
+    """TAPER: drafts are opportunistic work. The round's mandatory work is one verified position per
+    row; its predicted time T₀ leaves slack S = tpot_slo_ms − T₀ (every verified row commits ≥ 1
+    token per round, so T ≤ tpot_slo_ms keeps every row within its per-token objective). Draft
+    increments are offered best first (the j-th draft of row i is worth α_i^j tokens) and admitted
+    one by one while the predicted round time with them — their externality on every co-batched
+    row, padding included — still fits; an increment that does not fit is skipped, cheaper ones
+    (not raising the largest k) may still fit."""
+
+    ctx: SchedContext
+    name: str = "slack"
+
+    def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
+        ks = [0 for _ in rows]
+        if not rows or max(caps) == 0:
+            return ks
+        batch = _Batch.of(self.ctx, rows, caps)
+        shape = batch.shape(ks)
+        budget_ms = self.ctx.tpot_slo_ms
+        if self.ctx.round_cost.decode_ms(shape) >= budget_ms:
+            return ks
+        offers = sorted((-(a ** j), j, i) for i, (a, cap) in enumerate(zip(batch.alphas, caps))
+                        for j in range(1, cap + 1))
+        for _, j, i in offers:
+            if ks[i] != j - 1:
+                continue
+            trial = _with_draft(shape, j, batch.lags[i])
+            if self.ctx.round_cost.decode_ms(trial) <= budget_ms:
+                shape, ks[i] = trial, j
+        return ks
+
+
+def _with_draft(shape: DecodeShape, k: int, lag: float) -> DecodeShape:
+    """The shape after one row goes from k − 1 to k drafts."""
+    first = k == 1
+    return replace(shape, max_k=max(shape.max_k, k), sum_k=shape.sum_k + 1,
+                   num_drafting=shape.num_drafting + int(first),
+                   max_lag=max(shape.max_lag, lag) if first else shape.max_lag)

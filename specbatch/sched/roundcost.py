@@ -1,0 +1,111 @@
+"""Predicted round time of a planned round: the backend's pass shapes fed to the fitted CostModel.
+
+The shapes mirror what the backend computes (engine/forward.py, engine/drafters.py):
+- verify pass: B rows padded to the bucket (B', q') with q = 1 + max k; every row computes q'
+  positions, so padded positions cost like real ones:  target rows = B'·q'; the pass attends over
+  kv_len = ⌈max start + q'⌉ (rounded to the KV multiple) for every bucket row: kv read = B'·kv_len.
+- draft model: step 0 feeds each drafting row its lag (tokens the draft cache lacks, ≥ 1: the pending
+  token) padded to the largest lag, then one position per further draft:
+      draft passes = max k,   draft rows = n_drafting · max lag + Σ (k_i − 1)
+  A row that stops drafting lets its lag grow, so switching drafting back on costs real work here.
+- prefill pass: m rows padded to (m', max chunk'), plus one draft prefill pass of Σ chunk rows.
+
+Every coefficient of the cost model is ≥ 0, so each prediction is monotone in rows, k and chunk size
+(the deadline prefill policy binary-searches over it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specbatch.engine.sequence import Sequence
+from specbatch.sched.buckets import ShapeBuckets
+from specbatch.sched.costmodel import CostModel
+
+
+@dataclass
+class DecodeShape:
+    """Aggregates of a verify batch that decide its cost; cheap to update row by row."""
+
+    num_rows: int = 0
+    max_start: int = 0  # largest num_computed (first query position) among rows
+    max_k: int = 0
+    num_drafting: int = 0  # rows with k ≥ 1
+    max_lag: float = 0  # largest draft-cache lag among drafting rows
+    sum_k: int = 0
+
+    @classmethod
+    def of(cls, rows: list[Sequence], ks: list[int]) -> DecodeShape:
+        shape = cls()
+        for row, k in zip(rows, ks):
+            shape.add(row.num_computed, k, draft_lag(row))
+        return shape
+
+    def add(self, start: int, k: int, lag: float) -> None:
+        self.num_rows += 1
+        self.max_start = max(self.max_start, start)
+        self.max_k = max(self.max_k, k)
+        if k > 0:
+            self.num_drafting += 1
+            self.max_lag = max(self.max_lag, lag)
+            self.sum_k += k
+
+
+def draft_lag(row: Sequence) -> int:
+    """Tokens the draft cache must catch up on before drafting (the pending token at least)."""
+    return max(1, row.num_tokens - row.num_draft_computed)
+
+
+class RoundCostModel:
+    def __init__(self, cost: CostModel, buckets: ShapeBuckets | None = None, uses_draft_model: bool = True) -> None:
+        self.cost, self.buckets, self.uses_draft_model = cost, buckets or ShapeBuckets(), uses_draft_model
+
+    def verify_terms(self, num_rows: int, query_len: int, max_start: int) -> tuple[int, int]:
+        """(target rows incl. padding, KV tokens read) of one pass over num_rows rows."""
+        bucket = self.buckets.fit(num_rows, query_len)
+        kv_len = self.buckets.kv_len(max_start + bucket.query_len)
+        return bucket.batch_rows * bucket.query_len, bucket.batch_rows * kv_len
+
+    def decode_ms(self, shape: DecodeShape) -> float:
+        """Verify pass (+ drafting) of a batch; the intercept included."""
+        if shape.num_rows == 0:
+            return self.cost.intercept_ms
+        rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
+        draft_passes = draft_rows = 0
+        if self.uses_draft_model and shape.max_k > 0:
+            draft_passes = shape.max_k
+            draft_rows = shape.num_drafting * shape.max_lag + shape.sum_k - shape.num_drafting
+        return self.cost.predict_ms(1, rows, draft_passes, draft_rows, kv)
+
+    def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int) -> float:
+        """What one prefill pass adds to a round (no intercept: the round pays that once)."""
+        if num_rows == 0 or max_chunk <= 0:
+            return 0.0
+        rows, kv = self.verify_terms(num_rows, max_chunk, max_start)
+        c = self.cost
+        extra = c.target_passes + c.target_rows * rows + c.kv_tokens_read * kv
+        if self.uses_draft_model:
+            extra += c.draft_passes + c.draft_rows * sum_chunk
+        return extra
+
+    def round_ms(self, decode: list[tuple[Sequence, int]], prefill: list[tuple[Sequence, int]]) -> float:
+        """Predicted time of a whole planned round (decode rows with k, prefill rows with chunk)."""
+        shape = DecodeShape.of([r for r, _ in decode], [k for _, k in decode])
+        sizes = [size for _, size in prefill]
+        starts = [row.num_computed for row, _ in prefill]
+        extra = self.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0), sum(sizes))
+        return self.decode_ms(shape) + extra
+
+    def recompute_ms(self, num_tokens: int) -> float:
+        """Marginal time to re-prefill num_tokens positions after a preemption by recompute."""
+        c = self.cost
+        per_token = c.target_rows + c.kv_tokens_read * num_tokens / 2 + (c.draft_rows if self.uses_draft_model else 0)
+        return per_token * num_tokens
+
+    def row_share_ms(self, batch_rows: int, k: int, kv_len: int) -> tuple[float, float]:
+        """(t_verify, t_draft): one row's share of a verify pass with k drafts, and of one draft step,
+        in a batch of batch_rows rows (per-pass costs split evenly; per-row costs whole)."""
+        c, batch = self.cost, max(1, batch_rows)
+        t_verify = (c.intercept_ms + c.target_passes) / batch + c.target_rows * (1 + k) + c.kv_tokens_read * kv_len
+        t_draft = (c.draft_passes / batch + c.draft_rows) if self.uses_draft_model else 0.0
+        return t_verify, t_draft

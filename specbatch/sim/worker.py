@@ -1,0 +1,178 @@
+"""One simulated worker: the real `Scheduler` and `Engine` over a `SimBackend` and its own virtual clock.
+
+Assembled from a job config the way `engine.build.build_engine` assembles a real one (same limits,
+KV capacity rule, shape buckets and `sched.factory.policies`), so every policy the factory knows
+runs here unchanged. The worker also owns what a server adds around the engine: cancelling
+requests past their deadline, and its load as the dispatcher sees it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specbatch.config import JobConfig
+from specbatch.engine.loop import Engine, Recorder
+from specbatch.engine.sequence import Sequence, Status
+from specbatch.engine.stops import StopChecker
+from specbatch.ledger import PartWriter
+from specbatch.sched.buckets import ShapeBuckets
+from specbatch.sched.capacity import KVBudget
+from specbatch.sched.costmodel import CostModel
+from specbatch.sched.factory import max_lookahead, policies
+from specbatch.sched.scheduler import Scheduler, SchedulerLimits
+from specbatch.sim.acceptance import AcceptanceModel
+from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
+
+RUN_ID = "sim"  # part names: part-wNN-sim-SEQ
+DEFAULT_MAX_CONTEXT = 4096  # positions per request when the config does not set capacity.max_context
+
+
+class StepSampler:
+    """A recorder in front of a `PartWriter` that keeps steps only of sampled requests (the steps
+    table has one row per request per round: tens of millions of rows at a million requests)."""
+
+    def __init__(self, writer: PartWriter, sampled: set[str]) -> None:
+        self.writer, self.sampled = writer, sampled
+
+    def add_round(self, record: Any) -> None:
+        self.writer.add_round(record)
+
+    def add_step(self, record: Any) -> None:
+        if record.request_id in self.sampled:
+            self.writer.add_step(record)
+
+    def add_request(self, record: Any) -> None:
+        self.writer.add_request(record)
+
+    def add_result(self, record: Any) -> None:
+        self.writer.add_result(record)
+
+
+def sim_max_context(config: JobConfig) -> int:
+    return config.capacity.max_context or DEFAULT_MAX_CONTEXT
+
+
+def sim_kv_capacity_tokens(config: JobConfig, slot_len: int) -> int:
+    """As `build.kv_capacity_tokens`; a capacity in bytes needs a model, so it must be in tokens."""
+    if config.capacity.kv_tokens:
+        return config.capacity.kv_tokens
+    if config.capacity.kv_bytes:
+        raise ValueError("the simulator has no model to size capacity.kv_bytes; set capacity.kv_tokens")
+    return config.scheduler.max_batch_rows * slot_len
+
+
+def build_sim_engine(
+    config: JobConfig,
+    cost: CostModel,
+    acceptance: AcceptanceModel,
+    outputs: Mapping[str, tuple[int, bool]],
+    recorder: Recorder,
+    worker_id: int = 0,
+) -> tuple[Engine, SimBackend, VirtualClock]:
+    """An `Engine` whose backend and clock are simulated; everything else is the real thing."""
+    k_max = max_lookahead(config)
+    context = sim_max_context(config)
+    slot_len = context + k_max + 1
+    buckets = ShapeBuckets(config.buckets.batch_rows, config.buckets.query_len, config.buckets.kv_len_multiple)
+    clock = VirtualClock()
+    backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed)
+    s = config.scheduler
+    limits = SchedulerLimits(s.max_batch_rows, s.max_round_tokens, context, k_max, config.capacity.admission)
+    order, lookahead, prefill_chunk = policies(config)
+    scheduler = Scheduler(limits, KVBudget(sim_kv_capacity_tokens(config, slot_len)), order, lookahead,
+                          prefill_chunk)
+    stops = StopChecker({SIM_EOS_TOKEN_ID}, sim_decode, context)
+    return Engine(scheduler, backend, stops, recorder, worker_id, clock), backend, clock
+
+
+@dataclass
+class SimWorker:
+    worker_id: int
+    engine: Engine
+    clock: VirtualClock
+    writer: PartWriter
+    deadlines: list[tuple[float, int, Sequence]] = field(default_factory=list)  # heap
+    num_finished_in_flight: int = 0  # rows finished by the round that ends at clock.now_s
+    first_round_s: float | None = None  # start of its first round and end of its last: its span
+    last_round_end_s: float | None = None
+    _counter: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.scheduler.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return self.engine.scheduler.has_work
+
+    def load_at(self, now_s: float) -> int:
+        """Requests in this worker's system at `now_s`: waiting + running, plus those that finish
+        only when its in-flight round ends (after now_s)."""
+        in_flight = self.num_finished_in_flight if self.clock.now_s > now_s else 0
+        return len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running) + in_flight
+
+    def add(self, row: Sequence, now_s: float, deadline_s: float | None) -> None:
+        if not self.has_work:
+            self.clock.now_s = max(self.clock.now_s, now_s)  # an idle worker wakes at the arrival
+        self.engine.scheduler.add(row, now_s)
+        if deadline_s is not None:
+            heapq.heappush(self.deadlines, (row.arrival_s + deadline_s, next(self._counter), row))
+
+    def record(self, row: Sequence) -> None:
+        """Record a request that never reaches the scheduler (dropped or cancelled on arrival)."""
+        self.engine.record_finished(row)
+
+    def cancel_due(self) -> list[Sequence]:
+        """Cancel (reason `deadline`) every unfinished row whose deadline is at or before now."""
+        now, due = self.clock.now_s, []
+        while self.deadlines and self.deadlines[0][0] <= now:
+            row = heapq.heappop(self.deadlines)[2]
+            if not row.is_finished:
+                due.append(row)
+        if due:
+            cancel(self.engine, due, now, "deadline")
+        return due
+
+    def step(self) -> list[Sequence]:
+        started_s, num_rounds = self.clock.now_s, self.engine.num_rounds
+        finished = self.engine.step()
+        self.num_finished_in_flight = len(finished)
+        if self.engine.num_rounds > num_rounds:
+            self.first_round_s = started_s if self.first_round_s is None else self.first_round_s
+            self.last_round_end_s = self.clock.now_s
+        return finished
+
+
+def cancel(engine: Engine, rows: list[Sequence], now_s: float, reason: str) -> None:
+    """`Engine.cancel_all` for some rows: waiting or running, each recorded `cancelled`."""
+    scheduler, ids = engine.scheduler, {id(row) for row in rows}
+    kept = [entry for entry in scheduler.waiting if id(entry[2]) not in ids]
+    if len(kept) != len(scheduler.waiting):
+        heapq.heapify(kept)
+        scheduler.waiting[:] = kept
+    for row in rows:
+        scheduler.finish(row)
+        engine.backend.release(row, finished=True)
+        row.status, row.finished_s, row.drop_reason = Status.CANCELLED, now_s, reason
+        engine.record_finished(row)
+
+
+def new_worker(
+    config: JobConfig,
+    cost: CostModel,
+    acceptance: AcceptanceModel,
+    outputs: Mapping[str, tuple[int, bool]],
+    job_dir: Path,
+    worker_id: int,
+    sampled_steps: set[str] | None,
+) -> SimWorker:
+    """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
+    writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
+    recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
+    engine, _, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id)
+    return SimWorker(worker_id, engine, clock, writer)

@@ -1,0 +1,89 @@
+"""SimBackend: the same RoundOutcome as HFBackend, so the unchanged Engine records the same rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine_helpers import random_prompts, run_engine, tiny_config
+from specbatch.config import load_config
+from specbatch.engine.loop import MemoryRecorder
+from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.sched.costmodel import CostModel
+from specbatch.sim.acceptance import DomainAcceptance, ReplayAcceptance
+from specbatch.sim.backend import SIM_EOS_TOKEN_ID
+from specbatch.sim.worker import build_sim_engine
+
+COST = CostModel(intercept_ms=1.0, target_passes=2.0, target_rows=0.5, draft_passes=0.25, draft_rows=0.125,
+                 kv_tokens_read=0.001)
+HOST_TIMES = {"plan_ms", "commit_ms", "prefill_ms", "draft_ms", "verify_ms", "round_ms", "started_s"}
+
+
+def sim_run(config, rows, outputs, acceptance, cost=COST):
+    recorder = MemoryRecorder()
+    engine, _, clock = build_sim_engine(config, cost, acceptance, outputs, recorder)
+    for row in rows:
+        engine.add(row)
+    engine.run()
+    return recorder, clock
+
+
+def counters(record) -> dict:
+    return {k: v for k, v in dataclasses.asdict(record).items() if k not in HOST_TIMES}
+
+
+def test_rounds_match_the_real_backend(tiny_pair):
+    """Replaying the real job's acceptance, every round's work counters (rows, padding, passes,
+    draft rows, KV read, proposed/accepted/committed) and every request's are the real ones."""
+    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=5",
+                         "scheduler.lookahead=fixed:2", "scheduler.prefill_chunk=fixed:12",
+                         "buckets.batch_rows=[2,4,8]", "buckets.query_len=[4,8,16]", "buckets.kv_len_multiple=16",
+                         "capacity.max_context=256")
+    requests = random_prompts(tiny_pair[2], 12, seed=5)
+    real_rows, real, _ = run_engine(config, requests)
+    assert sum(r.num_padded_target_rows for r in real.rounds) and sum(r.num_padded_draft_rows for r in real.rounds)
+    assert any(r.num_prefill_rows and r.num_decode_rows for r in real.rounds)  # chunked prefill beside decode
+    assert 0 < sum(r.num_accepted for r in real.rounds) < sum(r.num_proposed for r in real.rounds)
+    histories: dict[str, list] = {}
+    starts: dict[str, list] = {}
+    for step in real.steps:
+        histories.setdefault(step.request_id, []).append((step.num_accepted, step.num_proposed))
+        starts.setdefault(step.request_id, []).append(step.num_output_tokens - step.num_committed)
+    outputs = {rid: (row.num_output_tokens, row.finish_reason == "eos") for rid, row in real_rows.items()}
+    rows = [Sequence(f"r{i}", prompt, SamplingParams(max_new_tokens=m)) for i, (prompt, m) in enumerate(requests)]
+    sim, _ = sim_run(config, rows, outputs, ReplayAcceptance(histories, starts))
+    assert [counters(r) for r in sim.rounds] == [counters(r) for r in real.rounds]
+    times = {"arrival_s": 0, "admitted_s": 0, "first_token_s": 0, "finished_s": 0}
+    real_requests = {r.request_id: counters(r) | times for r in real.requests}
+    assert {r.request_id: counters(r) | times for r in sim.requests} == real_requests
+
+
+def test_eos_length_and_virtual_clock():
+    config = load_config(None, ["capacity.max_context=64", "scheduler.lookahead=fixed:4", "buckets.kv_len_multiple=8"])
+    rows = [Sequence("eos", [1] * 5, SamplingParams(max_new_tokens=20)),
+            Sequence("len", [1] * 3, SamplingParams(max_new_tokens=7))]
+    outputs = {"eos": (6, True), "len": (7, False)}
+    recorder, clock = sim_run(config, rows, outputs, DomainAcceptance({"*": (1.0, 1.0)}))
+    eos, length = rows
+    assert eos.finish_reason == "eos" and eos.output_ids[-1] == SIM_EOS_TOKEN_ID and eos.num_output_tokens == 6
+    assert length.finish_reason == "length" and SIM_EOS_TOKEN_ID not in length.output_ids
+    assert length.num_output_tokens == 7
+    # every draft accepted: 5 tokens per round (k = 4 + bonus), less where the cap or a stop cuts it
+    assert [s.num_committed for s in recorder.steps if s.request_id == "eos"] == [5, 1]
+    assert clock() == pytest.approx(sum(r.round_ms for r in recorder.rounds) / 1000)
+    for r in recorder.rounds:  # the round's time is the cost model's prediction of its own counters
+        predicted = COST.predict_ms(r.num_target_passes, r.num_target_rows + r.num_padded_target_rows,
+                                    r.num_draft_passes, r.num_draft_rows + r.num_padded_draft_rows,
+                                    r.num_kv_tokens_read)
+        assert r.round_ms == pytest.approx(predicted)
+        assert r.num_committed <= r.num_accepted + r.num_decode_rows  # stops discard what follows them
+
+
+def test_plain_decoding_has_no_draft_work():
+    config = load_config(None, ["capacity.max_context=64", "drafter.kind=none"])
+    rows = [Sequence(f"p{i}", [1] * 4, SamplingParams(max_new_tokens=5)) for i in range(3)]
+    recorder, _ = sim_run(config, rows, {r.request_id: (5, True) for r in rows}, DomainAcceptance({"*": (0.9, 5.0)}))
+    assert all(r.num_draft_rows == r.num_draft_passes == r.num_proposed == 0 for r in recorder.rounds)
+    assert sum(r.num_committed for r in recorder.rounds) == 15
+    assert all(row.finish_reason == "eos" for row in rows)
