@@ -21,9 +21,7 @@ from specbatch.engine.loop import Engine, Recorder
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.engine.stops import StopChecker
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.capacity import KVBudget
-from specbatch.sched.factory import max_lookahead, policies
-from specbatch.sched.scheduler import Scheduler, SchedulerLimits
+from specbatch.sched.factory import make_scheduler, max_lookahead
 
 
 @dataclass
@@ -102,11 +100,7 @@ def build_engine(config: JobConfig, models: Models, recorder: Recorder, worker_i
         drafter = NoDrafter()
     backend = HFBackend(models.target, _slot_cache(models.target, num_slots, slot_len), drafter, buckets,
                         vocab_size, mask_dtype, config.seed)
-    limits = SchedulerLimits(config.scheduler.max_batch_rows, config.scheduler.max_round_tokens, context,
-                             k_max, config.capacity.admission)
-    order, lookahead, prefill_chunk = policies(config)
-    scheduler = Scheduler(limits, KVBudget(kv_capacity_tokens(config, models, slot_len)), order, lookahead,
-                          prefill_chunk)
+    scheduler = make_scheduler(config, kv_capacity_tokens(config, models, slot_len), context)
     decode = lambda ids: models.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     stops = StopChecker(eos_token_ids(models), decode, context)
     return Engine(scheduler, backend, stops, recorder, worker_id)

@@ -41,12 +41,15 @@ class CostModel:
     @classmethod
     def fit(cls, rounds: pa.Table, source: str = "") -> CostModel:
         columns = rounds.to_pydict()
+        def col(name: str) -> np.ndarray:
+            return np.asarray(columns[name], dtype=float)
+
         x = np.column_stack([
-            np.asarray(columns["num_target_passes"], dtype=float),
-            np.asarray(columns["num_target_rows"], dtype=float) + np.asarray(columns["num_padded_target_rows"], dtype=float),
-            np.asarray(columns["num_draft_passes"], dtype=float),
-            np.asarray(columns["num_draft_rows"], dtype=float) + np.asarray(columns["num_padded_draft_rows"], dtype=float),
-            np.asarray(columns["num_kv_tokens_read"], dtype=float),
+            col("num_target_passes"),
+            col("num_target_rows") + col("num_padded_target_rows"),
+            col("num_draft_passes"),
+            col("num_draft_rows") + col("num_padded_draft_rows"),
+            col("num_kv_tokens_read"),
         ])
         y = np.asarray(columns["round_ms"], dtype=float)
         if len(y) < 2:

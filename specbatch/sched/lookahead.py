@@ -36,12 +36,12 @@ class _Batch:
 
     def shape(self, ks: list[int]) -> DecodeShape:
         shape = DecodeShape()
-        for start, k, lag in zip(self.starts, ks, self.lags):
+        for start, k, lag in zip(self.starts, ks, self.lags, strict=True):
             shape.add(start, k, lag)
         return shape
 
     def tokens(self, ks: list[int]) -> float:
-        return sum(expected_tokens(a, k) for a, k in zip(self.alphas, ks))
+        return sum(expected_tokens(a, k) for a, k in zip(self.alphas, ks, strict=True))
 
 
 @dataclass
@@ -93,7 +93,7 @@ class AdaptiveLookahead:
             rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
             price = rate * price_per_row  # tokens one more draft row costs the batch
             new_ks = [_row_k(a, min(cap, k_max), price, max(shape.max_lag, lag))
-                      for a, cap, lag in zip(batch.alphas, batch.caps, batch.lags)]
+                      for a, cap, lag in zip(batch.alphas, batch.caps, batch.lags, strict=True)]
             if new_ks == ks:
                 break
             ks = new_ks
@@ -131,7 +131,7 @@ class SlackLookahead:
         budget_ms = self.ctx.tpot_slo_ms
         if self.ctx.round_cost.decode_ms(shape) >= budget_ms:
             return ks
-        offers = sorted((-(a ** j), j, i) for i, (a, cap) in enumerate(zip(batch.alphas, caps))
+        offers = sorted((-(a ** j), j, i) for i, (a, cap) in enumerate(zip(batch.alphas, caps, strict=True))
                         for j in range(1, cap + 1))
         for _, j, i in offers:
             if ks[i] != j - 1:

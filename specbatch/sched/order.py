@@ -123,7 +123,8 @@ class SpecbatchOrder(OrderBase):
         return (self.priority(waiting, now_s) * (1 + self.preempt_margin) + recompute
                 < self.priority(running, now_s))
 
-    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int], need_tokens: int) -> Sequence:
+    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int],
+                    need_tokens: int) -> Sequence:
         """Prefer victims whose KV alone covers the need (never free a big row when a small one would
         do), then the largest priority minus recompute cost."""
         covering = [i for i, held in enumerate(kv_held) if held >= need_tokens]

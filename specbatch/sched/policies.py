@@ -44,7 +44,8 @@ class OrderPolicy(Protocol):
     def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
         """Whether `waiting` deserves `running`'s place enough to pay for a recompute."""
 
-    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int], need_tokens: int) -> Sequence:
+    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int],
+                    need_tokens: int) -> Sequence:
         """Which running candidate to preempt (kv_held[i]: KV tokens candidates[i] holds; need_tokens:
         KV the scheduler must free)."""
 
@@ -87,7 +88,8 @@ class OrderBase:
     def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
         return self.priority(waiting, now_s) < self.priority(running, now_s)
 
-    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int], need_tokens: int) -> Sequence:
+    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int],
+                    need_tokens: int) -> Sequence:
         return max(candidates, key=lambda row: self.priority(row, now_s))
 
 

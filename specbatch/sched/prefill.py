@@ -41,7 +41,8 @@ class DeadlinePrefillChunk:
                 high = mid - 1
         return low
 
-    def round_ms(self, decode_rows: list[tuple[Sequence, int]], prefill_rows: list[Sequence], chunk: int) -> float:
+    def round_ms(self, decode_rows: list[tuple[Sequence, int]], prefill_rows: list[Sequence],
+                 chunk: int) -> float:
         """Predicted round: the decode batch, each prefill row's min(chunk, left) within the token
         budget, and a verify row (k = 0) for each row whose prefill completes."""
         shape = DecodeShape.of([r for r, _ in decode_rows], [k for _, k in decode_rows])
@@ -58,5 +59,6 @@ class DeadlinePrefillChunk:
                 shape.add(row.num_computed + size, 0, draft_lag(row))
                 budget -= 1
         round_cost = self.ctx.round_cost
-        extra = round_cost.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0), sum(sizes))
+        extra = round_cost.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0),
+                                            sum(sizes))
         return round_cost.decode_ms(shape) + extra

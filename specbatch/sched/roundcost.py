@@ -37,7 +37,7 @@ class DecodeShape:
     @classmethod
     def of(cls, rows: list[Sequence], ks: list[int]) -> DecodeShape:
         shape = cls()
-        for row, k in zip(rows, ks):
+        for row, k in zip(rows, ks, strict=True):
             shape.add(row.num_computed, k, draft_lag(row))
         return shape
 
@@ -57,7 +57,8 @@ def draft_lag(row: Sequence) -> int:
 
 
 class RoundCostModel:
-    def __init__(self, cost: CostModel, buckets: ShapeBuckets | None = None, uses_draft_model: bool = True) -> None:
+    def __init__(self, cost: CostModel, buckets: ShapeBuckets | None = None,
+                 uses_draft_model: bool = True) -> None:
         self.cost, self.buckets, self.uses_draft_model = cost, buckets or ShapeBuckets(), uses_draft_model
 
     def verify_terms(self, num_rows: int, query_len: int, max_start: int) -> tuple[int, int]:
@@ -99,13 +100,14 @@ class RoundCostModel:
     def recompute_ms(self, num_tokens: int) -> float:
         """Marginal time to re-prefill num_tokens positions after a preemption by recompute."""
         c = self.cost
-        per_token = c.target_rows + c.kv_tokens_read * num_tokens / 2 + (c.draft_rows if self.uses_draft_model else 0)
-        return per_token * num_tokens
+        draft = c.draft_rows if self.uses_draft_model else 0.0
+        return (c.target_rows + draft + c.kv_tokens_read * num_tokens / 2) * num_tokens
 
     def row_share_ms(self, batch_rows: int, k: int, kv_len: int) -> tuple[float, float]:
         """(t_verify, t_draft): one row's share of a verify pass with k drafts, and of one draft step,
         in a batch of batch_rows rows (per-pass costs split evenly; per-row costs whole)."""
         c, batch = self.cost, max(1, batch_rows)
-        t_verify = (c.intercept_ms + c.target_passes) / batch + c.target_rows * (1 + k) + c.kv_tokens_read * kv_len
+        t_verify = ((c.intercept_ms + c.target_passes) / batch + c.target_rows * (1 + k)
+                    + c.kv_tokens_read * kv_len)
         t_draft = (c.draft_passes / batch + c.draft_rows) if self.uses_draft_model else 0.0
         return t_verify, t_draft

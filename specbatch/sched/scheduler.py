@@ -54,9 +54,9 @@ class Scheduler:
         context: SchedContext | None = None,
     ) -> None:
         self.limits, self.kv = limits, kv
-        self.ctx = context or SchedContext(stats=stats or AcceptanceStats(), max_lookahead=limits.max_lookahead,
-                                           max_batch_rows=limits.max_batch_rows,
-                                           max_round_tokens=limits.max_round_tokens)
+        self.ctx = context or SchedContext(
+            stats=stats or AcceptanceStats(), max_lookahead=limits.max_lookahead,
+            max_batch_rows=limits.max_batch_rows, max_round_tokens=limits.max_round_tokens)
         self.stats = self.ctx.stats
         self.order, self.lookahead, self.prefill_chunk = full_order(order), lookahead, prefill_chunk
         self.waiting = WaitQueue(self.order)
@@ -148,8 +148,8 @@ class Scheduler:
         until everyone left fits."""
         preempted: list[Sequence] = []
         while self.running:
-            wants = {r.request_id: max(self.reservation(r), self.kv.reserved.get(r.request_id, 0)) for r in self.running}
-            deficit = sum(wants.values()) - self.kv.capacity_tokens
+            wants = sum(max(self.reservation(r), self.kv.reserved.get(r.request_id, 0)) for r in self.running)
+            deficit = wants - self.kv.capacity_tokens
             if deficit <= 0:
                 break
             held = [self.kv.reserved.get(r.request_id, 0) for r in self.running]
@@ -182,7 +182,7 @@ class Scheduler:
 
     def _plan_decode(self, plan: RoundPlan, rows: list[Sequence]) -> int:
         budget = self.limits.max_round_tokens
-        for row, k in zip(rows, self.lookahead.choose(rows, [self.cap(r) for r in rows])):
+        for row, k in zip(rows, self.lookahead.choose(rows, [self.cap(r) for r in rows]), strict=True):
             if budget < 1:
                 break
             k = max(0, min(k, budget - 1))
@@ -214,7 +214,7 @@ class Scheduler:
         caps = [self.cap(r) for r in completing]
         max_k = max((k for _, k in plan.decode), default=None)
         ks = self.lookahead.choose(completing, caps) if max_k is None else [min(c, max_k) for c in caps]
-        for row, k in zip(completing, ks):
+        for row, k in zip(completing, ks, strict=True):
             k = max(0, min(k, budget))
             plan.decode.append((row, k))
             budget -= k

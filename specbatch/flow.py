@@ -1,0 +1,228 @@
+"""The `specbatch-job` Prefect flow: ingest + shard → run the worker group → finalize.
+
+Thin: the tasks call `specbatch.job` and `specbatch.launch`. `specbatch submit` runs this flow in its
+own process (`run_local`, on Prefect's temporary local server, see `specbatch.prefect_local`); a
+deployment runs the same flow in a process that a Prefect worker starts (`prefect.yaml`), and
+`submit --deployment NAME` starts such a run (`run_deployment_job`).
+
+Only the worker group retries. That is safe because a job resumes: cancelled results are retired,
+workers skip every request with a committed result and redo the rest. A job that cannot start
+(bad config, dataset or models, a changed dataset) ends the run in a `Failed` state named
+`UnusableInput` with a one-line message, no traceback and no retry. A local stop (Ctrl-C, SIGTERM)
+lets the workers commit, finalizes, and ends the run `Cancelled`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import nullcontext
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from prefect.exceptions import MissingContextError
+from prefect.states import Cancelled, Failed, State
+
+from specbatch.config import ConfigError, JobConfig, load_config
+from specbatch.data.ingest import DatasetError
+from specbatch.engine.loading import ModelLoadError, resolve_model_path
+from specbatch.job import JobError, JobSummary, check_job_id, finalize, prepare
+from specbatch.launch import launch_workers, stop_on_signals
+from specbatch.ledger import retire_cancelled_results
+from specbatch.manifest import ManifestError, load_manifest
+from specbatch.worker import WorkerProgress
+
+FLOW_NAME = "specbatch-job"
+UNUSABLE_INPUT = "UnusableInput"  # state name of a run that stopped before any work
+USAGE_ERRORS = (ConfigError, DatasetError, ModelLoadError, JobError, ManifestError)
+WORKER_RETRIES = 2
+WORKER_RETRY_DELAYS_S = [5, 30]
+
+
+@dataclass
+class LocalHooks:
+    """What an in-process caller (the CLI) lends the worker task; a deployment run has none."""
+
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    on_round: Callable[[WorkerProgress], None] | None = None  # progress, every round or ledger poll
+    on_notice: Callable[[str], None] | None = None  # e.g. "worker group failed; retrying"
+
+
+_local_hooks: ContextVar[LocalHooks | None] = ContextVar("specbatch_local_hooks", default=None)
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:  # a task's `.fn()` called outside a run
+        return logging.getLogger(__name__)
+
+
+def _not_unusable(task, task_run, state: State) -> bool:
+    return state.name != UNUSABLE_INPUT
+
+
+@task(name="ingest-and-shard", cache_policy=NO_CACHE)
+def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: bool = False,
+                     dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> dict:
+    """Create or resume the job directory; check the model paths before any work."""
+    job_config = JobConfig.model_validate(config)
+    try:
+        for name in (job_config.models.target, job_config.models.draft):
+            if name is not None and job_config.drafter.kind == "draft" or name == job_config.models.target:
+                resolve_model_path(name)
+        manifest = prepare(Path(dataset), Path(job_dir), job_config, force, dataset_format, column_map)
+    except USAGE_ERRORS as error:
+        return Failed(name=UNUSABLE_INPUT, message=str(error))
+    _logger().info("job %s: %d records in %d shards (%s)", manifest.job_id, manifest.dataset.num_records,
+                   len(manifest.shards), manifest.status)
+    return {"num_records": manifest.dataset.num_records, "num_shards": len(manifest.shards)}
+
+
+@task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES, retry_delay_seconds=WORKER_RETRY_DELAYS_S,
+      retry_condition_fn=_not_unusable)
+def run_workers(job_dir: str) -> dict:
+    """Run the worker group (in-process, or `workers.num_processes` processes) until the job is done."""
+    path = Path(job_dir)
+    config = JobConfig.model_validate(load_manifest(path).config)
+    hooks = _local_hooks.get() or LocalHooks()
+    attempt = _attempt()
+    retired = retire_cancelled_results(path)  # a stopped or crashed attempt's cancelled rows run again
+    if retired:
+        _logger().info("%d cancelled requests will run again", retired)
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}"
+    local = _local_hooks.get() is not None
+    try:
+        with stop_on_signals(hooks.stop_requested) if local else nullcontext():
+            result = launch_workers(path, config, run_id, hooks.stop_requested, hooks.on_round)
+    except USAGE_ERRORS as error:
+        return Failed(name=UNUSABLE_INPUT, message=str(error))
+    except Exception as error:
+        if hooks.on_notice is not None and attempt <= WORKER_RETRIES:
+            hooks.on_notice(f"attempt {attempt} of the worker group failed ({error}); retrying, "
+                            "committed requests are kept")
+        raise
+    _logger().info("worker group done (%s, %d processes): %d requests, %d committed tokens%s", result.launcher,
+                   result.num_processes, result.progress.num_done, result.progress.num_committed_tokens,
+                   "; stopped" if result.stopped else "")
+    return {"launcher": result.launcher, "num_processes": result.num_processes, "stopped": result.stopped,
+            "run_id": run_id, **asdict(result.progress)}
+
+
+@task(name="finalize", cache_policy=NO_CACHE)
+def finalize_job(job_dir: str, workers: dict | None = None) -> dict:
+    """Export results, record the job's status, and publish a markdown summary artifact."""
+    summary = finalize(Path(job_dir))
+    outcome = {**summary_to_dict(summary), **(workers or {})}
+    try:
+        create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_dir.name),
+                                 description=f"specbatch job {summary.job_dir.name}")
+    except MissingContextError:  # `.fn()` outside a run: no artifact
+        pass
+    return outcome
+
+
+@flow(name=FLOW_NAME, persist_result=False, log_prints=False)
+def specbatch_job(
+    dataset: str,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    job_id: str | None = None,
+    output: str = "outputs",
+    force: bool = False,
+    dataset_format: str | None = None,
+    column_map: dict[str, str] | None = None,
+) -> dict | State:
+    """Run one specbatch job: DATASET → OUTPUT/JOB_ID/ (manifest, shards, ledger tables, results)."""
+    logger = get_run_logger()
+    try:
+        job_config = load_config(Path(config) if config else None, overrides or [])
+        job_dir = Path(output) / check_job_id(job_id or default_job_id())
+    except USAGE_ERRORS as error:
+        return _unusable(str(error))
+    logger.info("job directory %s", job_dir.resolve())
+    prepared = ingest_and_shard(dataset, str(job_dir), job_config.model_dump(mode="json"), force, dataset_format,
+                                column_map, return_state=True)
+    if prepared.name == UNUSABLE_INPUT:
+        return _unusable(prepared.message or "unusable input")
+    try:
+        prepared.result()
+        workers = run_workers(str(job_dir), return_state=True)
+        if workers.name == UNUSABLE_INPUT:
+            return _unusable(workers.message or "unusable input")
+        outcome = finalize_job(str(job_dir), workers.result())
+    except Exception:
+        _write_error_log(job_dir)
+        raise
+    if outcome.get("stopped"):
+        return Cancelled(message=f"stopped; run the same job again to resume {job_dir.name}", data=outcome)
+    if not outcome["is_complete"]:
+        logger.warning("job %s is not complete: %s", job_dir.name, outcome)
+    return outcome
+
+
+def _unusable(message: str) -> State:
+    get_run_logger().error("unusable input: %s", message)
+    return Failed(name=UNUSABLE_INPUT, message=message)
+
+
+def _write_error_log(job_dir: Path) -> None:
+    if job_dir.is_dir():
+        (job_dir / "error.log").write_text(traceback.format_exc())
+
+
+def _attempt() -> int:
+    context = TaskRunContext.get()
+    return context.task_run.run_count if context is not None and context.task_run.run_count else 1
+
+
+def default_job_id() -> str:
+    return f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _artifact_key(job_id: str) -> str:
+    return "specbatch-" + (re.sub(r"[^a-z0-9]+", "-", job_id.lower()).strip("-") or "job")
+
+
+def summary_to_dict(summary: JobSummary) -> dict:
+    data = asdict(summary)
+    data["job_dir"] = str(summary.job_dir)
+    data["is_complete"] = summary.is_complete
+    return data
+
+
+def summary_from_dict(data: dict) -> JobSummary:
+    names = ("num_records", "num_completed", "num_dropped", "num_cancelled", "num_output_tokens", "drop_reasons")
+    return JobSummary(Path(data["job_dir"]), *(data[name] for name in names))
+
+
+def summary_markdown(outcome: dict) -> str:
+    rows = [("records", outcome["num_records"]), ("completed", outcome["num_completed"]),
+            ("dropped", outcome["num_dropped"]), ("cancelled", outcome["num_cancelled"]),
+            ("output tokens", outcome["num_output_tokens"])]
+    rows += [(f"dropped: {reason}", count) for reason, count in sorted(outcome["drop_reasons"].items())]
+    if "launcher" in outcome:
+        rows += [("workers", f"{outcome['num_processes']} ({outcome['launcher']})")]
+    lines = [f"# specbatch job `{Path(outcome['job_dir']).name}`", "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += ["", f"Outputs: `{outcome['job_dir']}` (results/, requests/, rounds/, steps/, results.jsonl)"]
+    return "\n".join(lines)
+
+
+def run_local(parameters: dict, hooks: LocalHooks) -> State:
+    """Run the flow in this process and return its final state; `hooks` reach the worker task."""
+    token = _local_hooks.set(hooks)
+    try:
+        return specbatch_job(**parameters, return_state=True)
+    finally:
+        _local_hooks.reset(token)
