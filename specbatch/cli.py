@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -39,13 +38,16 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _flag_overrides(overrides: list[str], **flags: str | None) -> list[str]:
+    mapping = {"drafter": "drafter.kind", "lookahead": "scheduler.lookahead", "order": "scheduler.order",
+               "prefill_chunk": "scheduler.prefill_chunk"}
+    return [*(f"{mapping[name]}={value}" for name, value in flags.items() if value is not None), *overrides]
+
+
 def _job_config(config: Path | None, overrides: list[str], **flags: str | None):
     from specbatch.config import load_config
 
-    mapping = {"drafter": "drafter.kind", "lookahead": "scheduler.lookahead", "order": "scheduler.order",
-               "prefill_chunk": "scheduler.prefill_chunk"}
-    extra = [f"{mapping[name]}={value}" for name, value in flags.items() if value is not None]
-    return load_config(config, [*extra, *overrides])
+    return load_config(config, _flag_overrides(overrides, **flags))
 
 
 @app.command()
@@ -53,7 +55,8 @@ def submit(
     dataset: Annotated[Path, typer.Argument(help="JSONL, OpenAI batch JSONL, Parquet, or a HF dataset")],
     config: Annotated[Path | None, typer.Option(help="job config YAML (default: bundled pair on CPU)")] = None,
     job_id: Annotated[str | None, typer.Option(help="job directory name; reuse it to resume")] = None,
-    output: Annotated[Path, typer.Option(help="where job directories go")] = Path("outputs"),
+    output: Annotated[Path | None, typer.Option(
+        help="where job directories go [default: outputs; with --deployment, the deployment's]")] = None,
     drafter: Annotated[str | None, typer.Option(help="draft | ngram | none")] = None,
     lookahead: Annotated[str | None, typer.Option(help="fixed:K | adaptive | slack")] = None,
     order: Annotated[str | None, typer.Option(help="fcfs | sjf | laps-sd | specbatch")] = None,
@@ -62,69 +65,129 @@ def submit(
     dataset_format: Annotated[str | None, typer.Option("--format", help="force the input format")] = None,
     column: Annotated[list[str], typer.Option(help="column mapping field=source_column")] = [],  # noqa: B006
     force: Annotated[bool, typer.Option(help="resume even if the dataset changed")] = False,
+    deployment: Annotated[str | None, typer.Option(
+        help="start a run of this deployment (NAME or specbatch-job/NAME) on the Prefect API in "
+             "PREFECT_API_URL instead of running here; paths must exist where its worker runs")] = None,
+    wait: Annotated[bool, typer.Option(help="with --deployment: watch the run until it ends")] = False,
 ) -> None:
-    """Run a whole job and write everything under OUTPUT/JOB_ID/."""
+    """Run a whole job and write everything under OUTPUT/JOB_ID/.
+
+    Runs the `specbatch-job` Prefect flow in this process, on Prefect's temporary local server with its
+    state in OUTPUT/.prefect (or on the server in PREFECT_API_URL, when set). Exit codes: 0 the job ran,
+    2 unusable input or config, 1 internal failure, 130 stopped (run the same command to resume).
+    """
     from specbatch import job as jobs
 
+    overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
+                                prefill_chunk=prefill_chunk)
     try:
-        job_config = _job_config(config, set_, drafter=drafter, lookahead=lookahead, order=order,
-                                 prefill_chunk=prefill_chunk)
+        _job_config(config, overrides)  # validated here too: exit 2 before anything starts
         job_id = jobs.check_job_id(job_id or f"job-{time.strftime('%Y%m%d-%H%M%S')}")
-        column_map = dict(item.split("=", 1) for item in column) if column else None
-        job_dir = output / job_id
-        console.print(f"[bold]specbatch[/] job [cyan]{job_id}[/] → {job_dir}")
-        manifest = jobs.prepare(dataset, job_dir, job_config, force, dataset_format, column_map)
+        column_map = _column_map(column)
     except _usage_errors() as error:
         _fail(str(error))
+    parameters = {"dataset": str(dataset.resolve()), "config": str(config.resolve()) if config else None,
+                  "overrides": overrides, "job_id": job_id, "force": force, "dataset_format": dataset_format,
+                  "column_map": column_map}
+    if deployment is not None:
+        _submit_deployment(deployment, {**parameters, "output": str(output.resolve()) if output else None}, wait)
+    else:
+        output = output or Path("outputs")
+        _submit_local({**parameters, "output": str(output)}, output / job_id)
+
+
+def _column_map(column: list[str]) -> dict[str, str] | None:
+    from specbatch.config import ConfigError
+
+    if any("=" not in item for item in column):
+        raise ConfigError(f"--column expects field=source_column, got {column}")
+    return dict(item.split("=", 1) for item in column) if column else None
+
+
+def _submit_local(parameters: dict, job_dir: Path) -> None:
+    """Run the flow here with a Rich progress bar; exit with the job's code."""
+    from specbatch.prefect_local import start_local_prefect
+
+    server = start_local_prefect(Path(parameters["output"]))  # boots while torch and prefect are imported
+    from specbatch.flow import UNUSABLE_INPUT, LocalHooks, check_inputs, run_local, summary_from_dict
+
     try:
-        summary = _run_with_progress(job_dir, job_config, manifest.dataset.num_records)
-    except typer.Exit:
-        raise
-    except Exception as error:  # an internal failure: short message here, traceback in the job dir
-        import traceback
-
-        (job_dir / "error.log").write_text(traceback.format_exc())
-        _fail(f"internal failure: {error!r} (traceback in {job_dir / 'error.log'}; the job can be resumed)", 1)
-    _print_summary(summary)
-
-
-def _run_with_progress(job_dir: Path, job_config, num_records: int):
-    from specbatch import job as jobs
-    from specbatch.engine.build import load_models
-    from specbatch.ledger import committed_request_ids
-    from specbatch.worker import run_worker
-
-    try:
-        models = load_models(job_config)
+        job_config = _job_config(parameters["config"] and Path(parameters["config"]), parameters["overrides"])
+        check_inputs(parameters["dataset"], job_config, parameters["dataset_format"], parameters["column_map"])
     except _usage_errors() as error:
         _fail(str(error))
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    already = len(committed_request_ids(job_dir))
-    started = time.perf_counter()
+    console.print(f"[bold]specbatch[/] job [cyan]{job_dir.name}[/] → {job_dir}")
+    hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
+    try:
+        with _progress_bar(hooks):
+            if server is not None:
+                server.wait_ready()
+            state = run_local(parameters, hooks)
+    except KeyboardInterrupt:
+        err.print(f"interrupted; run the same command to resume {job_dir.name}")
+        raise typer.Exit(130) from None
+    except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
+        _fail(f"internal failure: {error!r}", 1)
+    if state.name == UNUSABLE_INPUT:
+        _fail(state.message or "unusable input")
+    if state.is_completed() or state.is_cancelled():
+        _print_summary(summary_from_dict(state.result(raise_on_failure=False)))
+    if state.is_cancelled():
+        err.print(f"stopped: in-flight requests were recorded as cancelled; run the same command to resume "
+                  f"{job_dir.name}")
+        raise typer.Exit(130)
+    if not state.is_completed():
+        _fail(f"internal failure: {state.message} (details in {job_dir / 'error.log'} if written; "
+              "the job can be resumed)", 1)
+
+
+@contextmanager
+def _progress_bar(hooks):
+    """Show the hooks' progress: a spinner while Prefect starts and ingest runs, then the records bar."""
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]} tok/s  acceptance {task.fields[acceptance]}  dropped {task.fields[dropped]}"),
-               TimeElapsedColumn())
+               TextColumn("{task.fields[rate]} tok/s  acceptance {task.fields[acceptance]}  "
+                          "dropped {task.fields[dropped]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("records", total=num_records, completed=already, rate="-", acceptance="-", dropped=0)
+        task = bar.add_task("preparing", total=None, rate="-", acceptance="-", dropped=0)
+        state = {"already": 0, "started": time.perf_counter()}
+
+        def on_start(num_records: int, num_already: int) -> None:
+            state.update(already=num_already, started=time.perf_counter())
+            bar.update(task, description="records", total=num_records, completed=num_already)
 
         def on_round(p) -> None:
-            elapsed = max(time.perf_counter() - started, 1e-9)
+            elapsed = max(time.perf_counter() - state["started"], 1e-9)
             acceptance = f"{p.num_accepted / p.num_proposed:.2f}" if p.num_proposed else "-"
-            bar.update(task, completed=already + p.num_done, rate=f"{p.num_committed_tokens / elapsed:.0f}",
-                       acceptance=acceptance, dropped=p.num_dropped)
+            bar.update(task, completed=state["already"] + p.num_done, acceptance=acceptance,
+                       rate=f"{p.num_committed_tokens / elapsed:.0f}", dropped=p.num_dropped)
 
-        try:
-            run_worker(job_dir, job_config, models=models, stop_requested=stop, on_round=on_round)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    summary = jobs.finalize(job_dir)
-    if stop.is_set():
-        _print_summary(summary)
-        err.print(f"stopped: in-flight requests were recorded as cancelled; run the same command to resume {job_dir.name}")
-        raise typer.Exit(130)
-    return summary
+        hooks.on_start, hooks.on_round = on_start, on_round
+        yield bar
+
+
+def _submit_deployment(name: str, parameters: dict, wait: bool) -> None:
+    """Start a run of deployment NAME on the configured Prefect API; with --wait, exit as the run ends."""
+    from specbatch.flow import UNUSABLE_INPUT, deployment_name, run_deployment_job
+
+    def on_state(flow_run) -> None:
+        state = flow_run.state
+        console.print(f"flow run [cyan]{flow_run.name}[/] ({flow_run.id}): {state.name if state else '-'}"
+                      + (f" - {state.message}" if state and state.message and state.is_final() else ""))
+
+    parameters = {key: value for key, value in parameters.items() if value not in (None, [], False)}
+    try:
+        flow_run = run_deployment_job(name, parameters, wait, on_state)
+    except KeyboardInterrupt:
+        err.print("stopped watching; the flow run goes on (cancel it with `prefect flow-run cancel ID`)")
+        raise typer.Exit(130) from None
+    except Exception as error:  # no API configured, server unreachable, no such deployment
+        _fail(f"could not start a run of deployment {deployment_name(name)!r}: {error}")
+    state = flow_run.state
+    if not wait or state.is_completed():
+        return
+    if state.name == UNUSABLE_INPUT:
+        raise typer.Exit(2)
+    raise typer.Exit(130 if state.is_cancelled() else 1)
 
 
 def _print_summary(summary) -> None:
@@ -238,6 +301,10 @@ def train_demo(
     write_model_card(output, card)
     console.print(f"trained pair written to {output}")
 
+
+from specbatch.cli_lab import register as _register_lab  # noqa: E402
+
+_register_lab(app)
 
 if __name__ == "__main__":
     app()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
+import torch
 from engine_helpers import random_prompts, run_engine, tiny_config
+
 from specbatch.config import load_config
 from specbatch.engine.loop import MemoryRecorder
 from specbatch.engine.sequence import SamplingParams, Sequence
@@ -29,12 +30,21 @@ def sim_run(config, rows, outputs, acceptance, cost=COST):
     return recorder, clock
 
 
+@pytest.fixture
+def one_thread():
+    """A 2-thread torch on 2 busy cores stalls (threads wait on each other): 10x slower here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def counters(record) -> dict:
     return {k: v for k, v in dataclasses.asdict(record).items() if k not in HOST_TIMES}
 
 
 @pytest.mark.parametrize("draft_is_target", [False, True])
-def test_rounds_match_the_real_backend(tiny_pair, draft_is_target):
+def test_rounds_match_the_real_backend(tiny_pair, draft_is_target, one_thread):
     """Replaying the real job's acceptance, every round's work counters (rows, padding, passes,
     draft rows, KV read, proposed/accepted/committed) and every request's are the real ones.
     A draft equal to the target accepts every block, so draft catch-up passes are ragged (padded)."""
@@ -94,3 +104,21 @@ def test_plain_decoding_has_no_draft_work():
     assert all(r.num_draft_rows == r.num_draft_passes == r.num_proposed == 0 for r in recorder.rounds)
     assert sum(r.num_committed for r in recorder.rounds) == 15
     assert all(row.finish_reason == "eos" for row in rows)
+
+
+def test_inline_domain_draws_equal_the_acceptance_model():
+    """The backend draws DomainAcceptance inline; a subclass takes the generic path: same rounds."""
+
+    class Generic(DomainAcceptance):
+        pass
+
+    config = load_config(None, ["capacity.max_context=128", "scheduler.lookahead=fixed:5",
+                                "scheduler.max_batch_rows=4"])
+    domains = {"*": (0.7, 4.0), "edge": (1.0, 1.0)}
+    runs = []
+    for model in (DomainAcceptance(domains), Generic(domains)):
+        rows = [Sequence(f"q{i}", [1] * (3 + i), SamplingParams(max_new_tokens=30), domain="edge" if i == 0 else "x")
+                for i in range(9)]
+        recorder, _ = sim_run(config, rows, {r.request_id: (20 + i, i % 2 == 0) for i, r in enumerate(rows)}, model)
+        runs.append([counters(r) for r in recorder.rounds])
+    assert runs[0] == runs[1] and sum(r["num_accepted"] for r in runs[0]) > 0

@@ -16,6 +16,7 @@ costs nothing here and always offers k drafts (the acceptance model covers looku
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 
@@ -26,7 +27,7 @@ from specbatch.engine.sequence import Sequence
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.plan import RoundPlan
-from specbatch.sim.acceptance import AcceptanceModel
+from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance
 
 SIM_EOS_TOKEN_ID = 0
 SIM_TOKEN_ID = 1  # every other emitted or drafted token
@@ -66,16 +67,24 @@ class SimBackend:
         self.uses_draft_model = drafter_kind == "draft"
         self.rngs: dict[str, random.Random] = {}
         self._drafts: dict[int, list[int]] = {}  # k -> k fake draft tokens
+        # DomainAcceptance is drawn inline (the same draws as `accepted_prefix`, a third of the
+        # cost): ln α per running request, 0.0 for α = 1 and -inf for α = 0
+        self._log_alphas: dict[str, float] | None = {} if type(acceptance) is DomainAcceptance else None
 
     def admit(self, row: Sequence) -> None:
         row.num_computed = row.num_draft_computed = 0  # (re)admitted rows recompute their KV
         if row.request_id not in self.rngs:  # one stream per request: policies see the same draws
             self.rngs[row.request_id] = random.Random(f"specbatch.sim.accept:{self.seed}:{row.request_id}")
+        if self._log_alphas is not None:
+            alpha = self.acceptance.alpha(row.request_id, row.domain)
+            self._log_alphas[row.request_id] = math.log(alpha) if alpha > 0 else -math.inf
 
     def release(self, row: Sequence, finished: bool) -> None:
         if finished:
             self.rngs.pop(row.request_id, None)
             self.acceptance.release(row.request_id)
+            if self._log_alphas is not None:
+                self._log_alphas.pop(row.request_id, None)
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         outcome = RoundOutcome()
@@ -113,7 +122,10 @@ class SimBackend:
                 num_tokens = len(row.prompt_ids) + len(row.output_ids)
                 fed = num_tokens - row.num_draft_computed
                 num_rows, num_fed, further = num_rows + 1, num_fed + fed, further + k - 1
-                max_fed, max_k = max(max_fed, fed), max(max_k, k)
+                if fed > max_fed:
+                    max_fed = fed
+                if k > max_k:
+                    max_k = k
                 row.num_draft_rows += fed + k - 1
                 row.num_draft_computed = num_tokens + k - 1
         proposals.num_draft_rows = num_fed + further
@@ -124,14 +136,22 @@ class SimBackend:
     def _verify(self, decode: list[tuple[Sequence, int]]) -> tuple[list[RowOutcome], PassShape]:
         # the hot loop of a simulation (one iteration per row per round): properties inlined
         num_accepted_of, rngs, outputs = self.acceptance.num_accepted, self.rngs, self.outputs
-        drafts, uses_draft_model = self._drafts, self.uses_draft_model
+        log_alphas = self._log_alphas
+        drafts, uses_draft_model, log = self._drafts, self.uses_draft_model, math.log
         outcomes = []
         max_start = num_positions = max_len = 0
         for row, k in decode:
-            max_start = max(max_start, row.num_computed)
-            max_len, num_positions = max(max_len, 1 + k), num_positions + 1 + k
+            if row.num_computed > max_start:
+                max_start = row.num_computed
+            if k >= max_len:
+                max_len = 1 + k
+            num_positions += 1 + k
             request_id, position = row.request_id, len(row.output_ids)
-            num_accepted = num_accepted_of(request_id, row.domain, position, k, rngs[request_id])
+            if log_alphas is None:
+                num_accepted = num_accepted_of(request_id, row.domain, position, k, rngs[request_id])
+            else:  # accepted_prefix: X = min(k, floor(ln U / ln α)), U in (0, 1]
+                u, log_alpha = 1.0 - rngs[request_id].random(), log_alphas[request_id]
+                num_accepted = k if log_alpha == 0.0 else min(k, int(log(u) / log_alpha))
             accepted_end = len(row.prompt_ids) + position + num_accepted  # pending + accepted are valid
             row.num_computed = accepted_end
             if uses_draft_model and row.num_draft_computed > accepted_end:

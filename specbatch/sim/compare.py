@@ -17,7 +17,8 @@ import json
 import logging
 import re
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -86,7 +87,8 @@ def parse_acceptance(spec: str, seed: int = 0) -> AcceptanceModel:
         try:
             domains[name.strip()] = (float(mean), float(concentration or DEFAULT_CONCENTRATION))
         except ValueError:
-            raise ValueError(f"acceptance {spec!r}: expected DOMAIN=MEAN[:CONCENTRATION],... or replay:JOB_DIR") from None
+            expected = "DOMAIN=MEAN[:CONCENTRATION],... or replay:JOB_DIR"
+            raise ValueError(f"acceptance {spec!r}: expected {expected}") from None
     return DomainAcceptance(domains, seed=seed)
 
 
@@ -117,9 +119,14 @@ def simulate_policies(
     options: SimOptions | None = None,
     report: bool = True,
     console: Console | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> PolicyStudy:
     """One simulated job per policy under out_dir (job `sim-<policy>`), then comparison.md/json
-    and, with `report`, the comparison report (build_report over the jobs, first as baseline)."""
+    and, with `report`, the comparison report (build_report over the jobs, first as baseline).
+
+    `cost_model` (a profile name, a calibrated JSON file or a CostModel; default: the config's) is
+    the simulated fleet's round time, and also what its schedulers believe unless the config names
+    its own `scheduler.cost_model`. `progress(policy, accounted, total)` follows each job."""
     if not policies:
         raise ValueError("no policies given")
     out_dir = Path(out_dir)
@@ -128,14 +135,16 @@ def simulate_policies(
     workload = Workload(workload.domains, workload.prompt_len, workload.output_len, workload.max_new_tokens, arrival)
     requests = workload.draw(num_requests, seed)
     cost = cost_model if isinstance(cost_model, CostModel) else resolve_cost_model(cost_model, config)
-    options = SimOptions(**{**(options.__dict__ if options else {}), "workers": workers, "overwrite": True})
+    options = replace(options or SimOptions(), workers=workers, overwrite=True)
+    scheduler_cost = None if config.scheduler.cost_model else cost
     job_dirs, summaries = [], {}
     for spec in policies:
         job_config = policy_config(config, spec).model_copy(update={"seed": seed})
         job_dir = out_dir / f"sim-{policy_slug(spec)}"
         description = f"policy {spec}; {workload.describe()}; acceptance {acceptance}; seed {seed}"
+        on_progress = (lambda done, total, spec=spec: progress(spec, done, total)) if progress else None
         summaries[spec] = simulate(job_config, requests, parse_acceptance(acceptance, seed), job_dir, cost, options,
-                                   description)
+                                   description, scheduler_cost, on_progress)
         job_dirs.append(job_dir)
         log.info("%s: %d completed, wall %.4g s", spec, summaries[spec].num_completed, summaries[spec].wall_s)
     comparison_md = write_comparison(out_dir, summaries)
@@ -143,16 +152,16 @@ def simulate_policies(
     return PolicyStudy(job_dirs, summaries, comparison_md, report_md)
 
 
-COMPARISON_COLUMNS = ("policy", "completed", "dropped", "cancelled", "wall_s", "tokens_per_s", "mean_completion_s",
-                      "p99_completion_s", "mean_ttft_s", "p99_ttft_s", "mean_queue_s")
+COMPARISON_COLUMNS = ("policy", "job", "completed", "dropped", "cancelled", "wall_s", "tokens_per_s",
+                      "mean_completion_s", "p99_completion_s", "mean_ttft_s", "p99_ttft_s", "mean_queue_s")
 
 
 def comparison_rows(summaries: dict[str, SimSummary]) -> list[dict[str, object]]:
     rows = []
     for spec, s in summaries.items():
         completion, ttft, queue = (s.latency[m] for m in ("completion_s", "ttft_s", "queue_s"))
-        values = (spec, s.num_completed, s.num_dropped, s.num_cancelled, s.wall_s, s.committed_tokens_per_s,
-                  completion.mean_s, completion.p99_s, ttft.mean_s, ttft.p99_s, queue.mean_s)
+        values = (spec, Path(s.job_dir).name, s.num_completed, s.num_dropped, s.num_cancelled, s.wall_s,
+                  s.committed_tokens_per_s, completion.mean_s, completion.p99_s, ttft.mean_s, ttft.p99_s, queue.mean_s)
         rows.append(dict(zip(COMPARISON_COLUMNS, values, strict=True)))
     return rows
 

@@ -34,6 +34,7 @@ import resource
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,6 +43,7 @@ from specbatch.config import JobConfig, config_to_dict
 from specbatch.engine.sequence import SamplingParams, Sequence, Status
 from specbatch.ledger import TABLES, committed_parts
 from specbatch.sched.costmodel import CostModel
+from specbatch.sched.factory import load_cost_model
 from specbatch.sim.acceptance import AcceptanceModel
 from specbatch.sim.backend import SIM_TOKEN_ID
 from specbatch.sim.calibrate import resolve_cost_model
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 WARMUP_METADATA = json.dumps({"sim_warmup": True})
 SUMMARY_NAME = "simulation.json"
+MAX_IDLE_STEPS = 8  # consecutive steps that plan nothing (e.g. after preempting every row) before giving up
 
 
 class RequestSource(Protocol):
@@ -63,15 +66,6 @@ class RequestSource(Protocol):
     def __getitem__(self, index: int) -> SyntheticRequest: ...
 
 
-class SimSequence(Sequence):
-    """A `Sequence` equal only to itself. `Sequence` compares every field (dataclass equality), so
-    the scheduler's `row in running` and `running.remove(row)` cost ~1 µs per running row; by
-    identity they cost almost nothing, and no two requests are ever equal anyway."""
-
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
-
-
 @dataclass(frozen=True)
 class SimOptions:
     workers: int = 1
@@ -79,7 +73,7 @@ class SimOptions:
     deadline_s: float | None = None  # cancel a request unfinished this long after its arrival
     step_sample_every: int = 1  # record steps of every m-th request by arrival order (1: all, 0: none)
     max_waiting_per_worker: int | None = None  # None: every arrival is dispatched at once
-    records_per_part: int = 200_000  # buffered records per worker before a part is written
+    records_per_part: int = 20_000  # records buffered per worker before a part is written (memory)
     overwrite: bool = False  # replace a job directory that already has parts
 
     def __post_init__(self) -> None:
@@ -105,6 +99,8 @@ class _State:
     busy: list[tuple[float, int]] = field(default_factory=list)  # heap of (next round start, worker id)
     in_busy: list[bool] = field(default_factory=list)
     overflow: deque[Sequence] = field(default_factory=deque)
+    progress: Callable[[int, int], None] | None = None  # (requests accounted, all requests)
+    next_progress: int = 0
 
 
 def simulate(
@@ -115,16 +111,23 @@ def simulate(
     cost_model: CostModel | None = None,
     options: SimOptions | None = None,
     description: str = "",
+    scheduler_cost_model: CostModel | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimSummary:
     """Serve `requests` on `options.workers` simulated workers; write the job's Parquet tables and
-    `simulation.json` (config, cost model, options, summary) into job_dir; return the summary."""
+    `simulation.json` (config, cost model, options, summary) into job_dir; return the summary.
+
+    `cost_model` is the simulated truth: every round takes its prediction (default: the config's
+    `scheduler.cost_model` file, else the CPU demo profile). `scheduler_cost_model` is what the
+    scheduler and its policies believe; by default the config's, as the real engine builds it.
+    `progress(accounted, total)` is called about every 1% of the requests."""
     options = options or SimOptions()
     cost = cost_model or resolve_cost_model(None, config)
     job_dir = _fresh_job_dir(Path(job_dir), options.overwrite)
     started = time.perf_counter()
-    state = _State([], options, sim_max_context(config) - 1)
+    state = _State([], options, sim_max_context(config) - 1, progress=progress)
     sampled = None if options.step_sample_every == 1 else state.sampled
-    state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled)
+    state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model)
                      for w in range(options.workers)]
     state.in_busy = [False] * options.workers
     collector = SummaryCollector(len(requests), math.ceil(options.warmup_fraction * len(requests)))
@@ -132,7 +135,8 @@ def simulate(
     for worker in state.workers:
         worker.writer.flush()
     summary = collector.summary(job_dir, state.workers, time.perf_counter() - started, _peak_rss_mb())
-    _write_summary(job_dir, config, cost, options, description, summary)
+    believed = scheduler_cost_model or load_cost_model(config)
+    _write_summary(job_dir, config, cost, believed, options, description, summary)
     return summary
 
 
@@ -153,10 +157,9 @@ def _event_loop(state: _State, requests: RequestSource, config: JobConfig, colle
         _, worker_id = heapq.heappop(state.busy)
         state.in_busy[worker_id] = False
         worker = state.workers[worker_id]
-        rounds_before = worker.engine.num_rounds
         finished = worker.cancel_due() + worker.step()
-        if not finished and worker.engine.num_rounds == rounds_before:
-            raise RuntimeError(f"worker {worker_id}: the scheduler planned nothing with work pending")
+        if worker.num_idle_steps > MAX_IDLE_STEPS:
+            raise RuntimeError(f"worker {worker_id}: {worker.num_idle_steps} empty plans in a row with work pending")
         _finish(state, finished, collector)
         _pull_overflow(state, worker, collector)
         if worker.writer.num_buffered >= state.options.records_per_part:
@@ -173,7 +176,7 @@ def _to_row(request: SyntheticRequest, index: int, params: SamplingParams, promp
     prompt = prompts.get(request.num_prompt_tokens)
     if prompt is None:
         prompt = prompts[request.num_prompt_tokens] = [SIM_TOKEN_ID] * request.num_prompt_tokens
-    row = SimSequence(request.request_id, prompt, params, request.domain, request.arrival_s)
+    row = Sequence(request.request_id, prompt, params, request.domain, request.arrival_s)
     if index < collector.num_warmup:
         row.metadata = WARMUP_METADATA
     state.outputs[row.request_id] = (request.num_output_tokens, request.finish_reason == "eos")
@@ -224,6 +227,9 @@ def _finish(state: _State, rows: list[Sequence], collector: SummaryCollector) ->
         state.outputs.pop(row.request_id, None)
         state.sampled.discard(row.request_id)
         collector.add(row, is_warmup=row.metadata is WARMUP_METADATA)
+    if state.progress is not None and collector.num_accounted >= state.next_progress:
+        state.progress(collector.num_accounted, collector.num_requests)
+        state.next_progress = collector.num_accounted + max(1, collector.num_requests // 100)
 
 
 def _fresh_job_dir(job_dir: Path, overwrite: bool) -> Path:
@@ -240,13 +246,14 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _write_summary(job_dir: Path, config: JobConfig, cost: CostModel, options: SimOptions,
+def _write_summary(job_dir: Path, config: JobConfig, cost: CostModel, believed: CostModel, options: SimOptions,
                    description: str, summary: SimSummary) -> None:
     document = {
         "kind": "simulation",
         "workload": description,
         "options": asdict(options),
-        "cost_model": asdict(cost),
+        "cost_model": asdict(cost),  # the simulated round times
+        "scheduler_cost_model": asdict(believed),  # what the scheduler and its policies predicted with
         "config": config_to_dict(config),
         "summary": summary.to_dict(),
     }

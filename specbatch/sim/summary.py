@@ -73,10 +73,12 @@ class SummaryCollector:
     statuses: Counter = field(default_factory=Counter)
     reasons: Counter = field(default_factory=Counter)
     num_committed_tokens: int = 0
+    num_accounted: int = 0  # completed + dropped + cancelled so far
     samples: dict[str, array] = field(default_factory=lambda: {m: array("d") for m in LATENCY_METRICS})
 
     def add(self, row: Sequence, is_warmup: bool) -> None:
         self.statuses[row.status] += 1
+        self.num_accounted += 1
         self.num_committed_tokens += row.num_output_tokens
         if row.status is not Status.COMPLETED:
             self.reasons[row.drop_reason or "unspecified"] += 1

@@ -21,10 +21,8 @@ from specbatch.engine.sequence import Sequence, Status
 from specbatch.engine.stops import StopChecker
 from specbatch.ledger import PartWriter
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.capacity import KVBudget
 from specbatch.sched.costmodel import CostModel
-from specbatch.sched.factory import max_lookahead, policies
-from specbatch.sched.scheduler import Scheduler, SchedulerLimits
+from specbatch.sched.factory import make_scheduler, max_lookahead
 from specbatch.sim.acceptance import AcceptanceModel
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
 
@@ -73,19 +71,20 @@ def build_sim_engine(
     outputs: Mapping[str, tuple[int, bool]],
     recorder: Recorder,
     worker_id: int = 0,
+    scheduler_cost: CostModel | None = None,
 ) -> tuple[Engine, SimBackend, VirtualClock]:
-    """An `Engine` whose backend and clock are simulated; everything else is the real thing."""
+    """An `Engine` whose backend and clock are simulated; everything else is the real thing.
+
+    `cost` is the simulated truth (round times); `scheduler_cost` is what the scheduler and its
+    policies believe, by default the config's (`scheduler.cost_model`, else the CPU profile),
+    exactly as the real engine's scheduler is built."""
     k_max = max_lookahead(config)
     context = sim_max_context(config)
     slot_len = context + k_max + 1
     buckets = ShapeBuckets(config.buckets.batch_rows, config.buckets.query_len, config.buckets.kv_len_multiple)
     clock = VirtualClock()
     backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed)
-    s = config.scheduler
-    limits = SchedulerLimits(s.max_batch_rows, s.max_round_tokens, context, k_max, config.capacity.admission)
-    order, lookahead, prefill_chunk = policies(config)
-    scheduler = Scheduler(limits, KVBudget(sim_kv_capacity_tokens(config, slot_len)), order, lookahead,
-                          prefill_chunk)
+    scheduler = make_scheduler(config, sim_kv_capacity_tokens(config, slot_len), context, scheduler_cost)
     stops = StopChecker({SIM_EOS_TOKEN_ID}, sim_decode, context)
     return Engine(scheduler, backend, stops, recorder, worker_id, clock), backend, clock
 
@@ -100,6 +99,7 @@ class SimWorker:
     num_finished_in_flight: int = 0  # rows finished by the round that ends at clock.now_s
     first_round_s: float | None = None  # start of its first round and end of its last: its span
     last_round_end_s: float | None = None
+    num_idle_steps: int = 0  # consecutive steps that neither ran a round nor finished a row
     _counter: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -145,16 +145,16 @@ class SimWorker:
         if self.engine.num_rounds > num_rounds:
             self.first_round_s = started_s if self.first_round_s is None else self.first_round_s
             self.last_round_end_s = self.clock.now_s
+        self.num_idle_steps = 0 if finished or self.engine.num_rounds > num_rounds else self.num_idle_steps + 1
         return finished
 
 
 def cancel(engine: Engine, rows: list[Sequence], now_s: float, reason: str) -> None:
     """`Engine.cancel_all` for some rows: waiting or running, each recorded `cancelled`."""
-    scheduler, ids = engine.scheduler, {id(row) for row in rows}
-    kept = [entry for entry in scheduler.waiting if id(entry[2]) not in ids]
-    if len(kept) != len(scheduler.waiting):
-        heapq.heapify(kept)
-        scheduler.waiting[:] = kept
+    scheduler = engine.scheduler
+    waiting = [row for row in rows if row.status is Status.WAITING]
+    if waiting:
+        scheduler.waiting.remove(waiting)
     for row in rows:
         scheduler.finish(row)
         engine.backend.release(row, finished=True)
@@ -170,9 +170,10 @@ def new_worker(
     job_dir: Path,
     worker_id: int,
     sampled_steps: set[str] | None,
+    scheduler_cost: CostModel | None = None,
 ) -> SimWorker:
     """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
     writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
     recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
-    engine, _, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id)
+    engine, _, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost)
     return SimWorker(worker_id, engine, clock, writer)

@@ -1,0 +1,83 @@
+"""`specbatch calibrate`, `simulate` and `queue-lab`: the commands that model rather than run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def calibrate(
+    job_dir: Annotated[Path, typer.Argument(help="a finished job directory")],
+    out: Annotated[Optional[Path], typer.Option(help="where to save (default JOB_DIR/cost_model.json)")] = None,
+) -> None:
+    """Fit the round-time cost model on a job's rounds and save it (with its own error) for a config."""
+    from specbatch.sim.calibrate import calibrate as fit
+
+    try:
+        model = fit(job_dir)
+    except (ValueError, FileNotFoundError) as error:
+        console.print(f"[bold red]error:[/] {error}")
+        raise typer.Exit(2) from error
+    path = out or job_dir / "cost_model.json"
+    model.save(path)
+    mape = f"{model.mape:.1%}" if model.mape is not None else "-"
+    console.print(f"cost model from {model.num_rounds} rounds, MAPE {mape} → {path}")
+    console.print(f"use it with: --set scheduler.cost_model={path}")
+
+
+def simulate(
+    config: Annotated[Optional[Path], typer.Option(help="job config YAML (policies are varied on top of it)")] = None,
+    requests: Annotated[int, typer.Option(help="simulated requests per policy")] = 2000,
+    arrival: Annotated[str, typer.Option(help="offline | poisson:RATE | onoff:R,ON,OFF | gamma:R,CV | replay:PATH")]
+    = "offline",
+    policies: Annotated[str, typer.Option(help="comma-separated: order[/lookahead[/prefill]], e.g. fcfs,sjf/adaptive")]
+    = "fcfs,sjf,laps-sd,specbatch",
+    workers: Annotated[int, typer.Option(help="simulated workers")] = 1,
+    output: Annotated[Path, typer.Option(help="where the simulated job directories go")] = Path("outputs/sim"),
+    cost_model: Annotated[Optional[str], typer.Option(help="cpu-demo | PATH from `specbatch calibrate`")] = None,
+    acceptance: Annotated[str, typer.Option(help="alpha | domain=mean:concentration,... | replay:JOB_DIR")]
+    = "code=0.8:20,prose=0.55:10",
+    seed: Annotated[int, typer.Option(help="random seed (same seed, same jobs)")] = 0,
+    set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
+) -> None:
+    """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
+    from specbatch.config import ConfigError, load_config
+    from specbatch.sim.compare import simulate_policies
+
+    try:
+        job_config = load_config(config, set_)
+        study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
+                                  output, seed=seed, acceptance=acceptance, cost_model=cost_model, console=console)
+    except (ConfigError, ValueError, FileNotFoundError) as error:
+        console.print(f"[bold red]error:[/] {error}")
+        raise typer.Exit(2) from error
+    console.print(f"comparison: {study.comparison_md}")
+
+
+def queue_lab(
+    arrival: Annotated[float, typer.Option(help="arrival rate λ (work units per second)")],
+    service: Annotated[float, typer.Option(help="service rate μ (work units per second)")],
+    backlog: Annotated[float, typer.Option(help="initial backlog B0 (work units)")] = 0.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of text")] = False,
+) -> None:
+    """The fluid backlog model (no batches, priorities or random arrivals): B(t) = max(0, B0 + (λ − μ)t)."""
+    from specbatch.sim.queue_lab import format_queue_lab, queue_lab_report
+
+    try:
+        report = queue_lab_report(arrival, service, backlog)
+    except ValueError as error:
+        console.print(f"[bold red]error:[/] {error}")
+        raise typer.Exit(2) from error
+    typer.echo(json.dumps(report, indent=2) if json_out else format_queue_lab(report))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(calibrate)
+    app.command()(simulate)
+    app.command("queue-lab")(queue_lab)
