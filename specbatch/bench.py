@@ -137,7 +137,8 @@ def exact_share(outputs: dict, refs: dict) -> float:
 
 
 def theory_tokens_per_pass(alpha: float, k: int) -> float:
-    """Expected committed tokens per verified row with per-token acceptance α and lookahead k."""
+    """Expected committed tokens per verified row, (1 − α^(k+1)) / (1 − α), for per-token acceptance α
+    and lookahead k (rows proposing fewer than k drafts, as n-gram lookup does, fall below it)."""
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
@@ -147,11 +148,14 @@ def summarize_engine(name, outputs, recorder, refs, wall_s, k) -> BenchResult:
     target_rows = sum(r.num_target_rows for r in rounds)
     padded = sum(r.num_padded_target_rows for r in rounds)
     proposed, accepted = sum(r.num_proposed for r in rounds), sum(r.num_accepted for r in rounds)
-    alpha = accepted / proposed if proposed else None
+    acceptance = accepted / proposed if proposed else None
+    # per-token α: of the drafts the rule reached, the share it accepted (a rejection ends a block)
+    rejections = sum(1 for s in recorder.steps if s.num_accepted < s.num_proposed)
+    alpha = accepted / (accepted + rejections) if proposed else None
     row_verifies = sum(r.num_decode_rows for r in rounds)
     return BenchResult(
         name, tokens / wall_s, None, sum(r.num_target_passes for r in rounds) / tokens,
-        (target_rows + padded) / tokens, padded / max(target_rows + padded, 1), alpha,
+        (target_rows + padded) / tokens, padded / max(target_rows + padded, 1), acceptance,
         tokens / max(row_verifies, 1), theory_tokens_per_pass(alpha, k) if alpha is not None else None,
         exact_share(outputs, refs), len(outputs), tokens, wall_s,
     )

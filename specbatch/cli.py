@@ -56,7 +56,7 @@ def submit(
     config: Annotated[Path | None, typer.Option(help="job config YAML (default: bundled pair on CPU)")] = None,
     job_id: Annotated[str | None, typer.Option(help="job directory name; reuse it to resume")] = None,
     output: Annotated[Path | None, typer.Option(
-        help="where job directories go [default: outputs; with --deployment, the deployment's]")] = None,
+        help="where job directories go (default: outputs; with --deployment, the deployment's)")] = None,
     drafter: Annotated[str | None, typer.Option(help="draft | ngram | none")] = None,
     lookahead: Annotated[str | None, typer.Option(help="fixed:K | adaptive | slack")] = None,
     order: Annotated[str | None, typer.Option(help="fcfs | sjf | laps-sd | specbatch")] = None,

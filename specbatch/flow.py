@@ -34,11 +34,11 @@ from prefect.exceptions import MissingContextError
 from prefect.states import Cancelled, Failed, State
 
 from specbatch.config import ConfigError, JobConfig, load_config
-from specbatch.data.ingest import DatasetError
+from specbatch.data.ingest import DatasetError, resolve_dataset
 from specbatch.engine.loading import ModelLoadError, resolve_model_path
 from specbatch.job import JobError, JobSummary, check_job_id, finalize, prepare
 from specbatch.launch import launch_workers, stop_on_signals
-from specbatch.ledger import retire_cancelled_results
+from specbatch.ledger import committed_request_ids, retire_cancelled_results
 from specbatch.manifest import ManifestError, load_manifest
 from specbatch.worker import WorkerProgress
 
@@ -55,6 +55,7 @@ class LocalHooks:
 
     stop_requested: threading.Event = field(default_factory=threading.Event)
     on_round: Callable[[WorkerProgress], None] | None = None  # progress, every round or ledger poll
+    on_start: Callable[[int, int], None] | None = None  # (records in the job, records already done)
     on_notice: Callable[[str], None] | None = None  # e.g. "worker group failed; retrying"
 
 
@@ -78,9 +79,7 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
     """Create or resume the job directory; check the model paths before any work."""
     job_config = JobConfig.model_validate(config)
     try:
-        for name in (job_config.models.target, job_config.models.draft):
-            if name is not None and job_config.drafter.kind == "draft" or name == job_config.models.target:
-                resolve_model_path(name)
+        check_inputs(dataset, job_config, dataset_format, column_map)
         manifest = prepare(Path(dataset), Path(job_dir), job_config, force, dataset_format, column_map)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
@@ -89,19 +88,30 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
     return {"num_records": manifest.dataset.num_records, "num_shards": len(manifest.shards)}
 
 
-@task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES, retry_delay_seconds=WORKER_RETRY_DELAYS_S,
-      retry_condition_fn=_not_unusable)
+def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | None = None,
+                 column_map: dict[str, str] | None = None) -> None:
+    """Cheap checks that fail before any work (and not in every worker process of every retry)."""
+    resolve_dataset(Path(dataset), dataset_format, column_map)
+    resolve_model_path(config.models.target)
+    if config.drafter.kind == "draft" and config.models.draft:
+        resolve_model_path(config.models.draft)
+
+
+@task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES,
+      retry_delay_seconds=WORKER_RETRY_DELAYS_S, retry_condition_fn=_not_unusable)
 def run_workers(job_dir: str) -> dict:
     """Run the worker group (in-process, or `workers.num_processes` processes) until the job is done."""
     path = Path(job_dir)
     config = JobConfig.model_validate(load_manifest(path).config)
+    local = _local_hooks.get() is not None
     hooks = _local_hooks.get() or LocalHooks()
     attempt = _attempt()
     retired = retire_cancelled_results(path)  # a stopped or crashed attempt's cancelled rows run again
     if retired:
         _logger().info("%d cancelled requests will run again", retired)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}"
-    local = _local_hooks.get() is not None
+    if hooks.on_start is not None:
+        hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path)))
     try:
         with stop_on_signals(hooks.stop_requested) if local else nullcontext():
             result = launch_workers(path, config, run_id, hooks.stop_requested, hooks.on_round)
@@ -109,11 +119,13 @@ def run_workers(job_dir: str) -> dict:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     except Exception as error:
         if hooks.on_notice is not None and attempt <= WORKER_RETRIES:
-            hooks.on_notice(f"attempt {attempt} of the worker group failed ({error}); retrying, "
+            first_line = str(error).splitlines()[0] if str(error) else repr(error)
+            hooks.on_notice(f"attempt {attempt} of the worker group failed ({first_line}); retrying, "
                             "committed requests are kept")
         raise
-    _logger().info("worker group done (%s, %d processes): %d requests, %d committed tokens%s", result.launcher,
-                   result.num_processes, result.progress.num_done, result.progress.num_committed_tokens,
+    progress = result.progress
+    _logger().info("worker group done (%s, %d processes): %d requests, %d committed tokens%s",
+                   result.launcher, result.num_processes, progress.num_done, progress.num_committed_tokens,
                    "; stopped" if result.stopped else "")
     return {"launcher": result.launcher, "num_processes": result.num_processes, "stopped": result.stopped,
             "run_id": run_id, **asdict(result.progress)}
@@ -124,11 +136,9 @@ def finalize_job(job_dir: str, workers: dict | None = None) -> dict:
     """Export results, record the job's status, and publish a markdown summary artifact."""
     summary = finalize(Path(job_dir))
     outcome = {**summary_to_dict(summary), **(workers or {})}
-    try:
+    if TaskRunContext.get() is not None:  # not when `.fn()` is called outside a run
         create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_dir.name),
                                  description=f"specbatch job {summary.job_dir.name}")
-    except MissingContextError:  # `.fn()` outside a run: no artifact
-        pass
     return outcome
 
 
@@ -151,8 +161,8 @@ def specbatch_job(
     except USAGE_ERRORS as error:
         return _unusable(str(error))
     logger.info("job directory %s", job_dir.resolve())
-    prepared = ingest_and_shard(dataset, str(job_dir), job_config.model_dump(mode="json"), force, dataset_format,
-                                column_map, return_state=True)
+    prepared = ingest_and_shard(dataset, str(job_dir), job_config.model_dump(mode="json"), force,
+                                dataset_format, column_map, return_state=True)
     if prepared.name == UNUSABLE_INPUT:
         return _unusable(prepared.message or "unusable input")
     try:
@@ -202,7 +212,8 @@ def summary_to_dict(summary: JobSummary) -> dict:
 
 
 def summary_from_dict(data: dict) -> JobSummary:
-    names = ("num_records", "num_completed", "num_dropped", "num_cancelled", "num_output_tokens", "drop_reasons")
+    names = ("num_records", "num_completed", "num_dropped", "num_cancelled", "num_output_tokens",
+             "drop_reasons")
     return JobSummary(Path(data["job_dir"]), *(data[name] for name in names))
 
 
@@ -226,3 +237,36 @@ def run_local(parameters: dict, hooks: LocalHooks) -> State:
         return specbatch_job(**parameters, return_state=True)
     finally:
         _local_hooks.reset(token)
+
+
+def deployment_name(name: str) -> str:
+    """`local` → `specbatch-job/local`; a full `FLOW/DEPLOYMENT` name is kept."""
+    return name if "/" in name else f"{FLOW_NAME}/{name}"
+
+
+def run_deployment_job(name: str, parameters: dict, wait: bool = False,
+                       on_state: Callable[[Any], None] | None = None, poll_s: float = 2.0) -> Any:
+    """Start a run of a deployment on the configured Prefect API; with `wait`, poll until it ends.
+
+    Returns the `FlowRun` (its last state read when waiting). `on_state` sees each new state.
+    """
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise ValueError("no Prefect server configured: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
+    flow_run = run_deployment(deployment_name(name), parameters=parameters, timeout=0)
+    if on_state is not None:
+        on_state(flow_run)
+    if not wait:
+        return flow_run
+    last = flow_run.state.name if flow_run.state else None
+    with get_client(sync_client=True) as client:
+        while flow_run.state is None or not flow_run.state.is_final():
+            time.sleep(poll_s)
+            flow_run = client.read_flow_run(flow_run.id)
+            if flow_run.state is not None and flow_run.state.name != last and on_state is not None:
+                on_state(flow_run)
+            last = flow_run.state.name if flow_run.state else None
+    return flow_run

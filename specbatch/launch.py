@@ -25,7 +25,6 @@ import importlib.util
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,7 +39,8 @@ import pyarrow.parquet as pq
 
 from specbatch.config import JobConfig
 from specbatch.ledger import PART_SUFFIX, committed_parts
-from specbatch.worker import WorkerProgress, run_worker
+from specbatch.processes import free_port, signal_groups, spawn, stop_groups, tail
+from specbatch.worker import WorkerProgress, run_worker, worker_lock
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,8 @@ def launch_workers(
     num_processes = config.workers.num_processes
     launcher = launcher or choose_launcher(num_processes)
     if launcher == "in-process":
-        progress = run_worker(job_dir, config, 0, 1, run_id, stop_requested=stop_requested, on_round=on_round)
+        with worker_lock(job_dir, 0):
+            progress = run_worker(job_dir, config, 0, 1, run_id, stop_requested=stop_requested, on_round=on_round)
         return LaunchResult(launcher, 1, stop_requested.is_set(), progress, None)
     return _launch_processes(job_dir, config, run_id, launcher, stop_requested, on_round)
 
@@ -113,12 +114,6 @@ def worker_env(config: JobConfig, num_processes: int) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch_processes(job_dir: Path, config: JobConfig, run_id: str, launcher: Launcher,
                       stop_requested: threading.Event,
                       on_round: Callable[[WorkerProgress], None] | None) -> LaunchResult:
@@ -129,32 +124,19 @@ def _launch_processes(job_dir: Path, config: JobConfig, run_id: str, launcher: L
     commands = worker_commands(job_dir, run_id, num_processes, launcher)
     log.info("launching %d worker processes (%s); output in %s", num_processes, launcher, log_path)
     with log_path.open("ab") as output:
-        processes = [_spawn(command, worker_env(config, num_processes), output) for command in commands]
+        processes = [spawn(command, worker_env(config, num_processes), output) for command in commands]
         try:
             codes = _wait(processes, stop_requested, watcher, on_round)
         finally:
-            _stop_group(processes, STOP_GRACE_S)
+            stop_groups(processes, STOP_GRACE_S)
     progress = watcher.poll()
     if on_round is not None:
         on_round(progress)
     failed = [code for code in codes if code != 0]
     if failed and not stop_requested.is_set():
         raise WorkerGroupError(f"worker processes exited with {codes} ({launcher}); committed work is kept "
-                               f"and a retry redoes the rest. Last lines of {log_path}:\n{_tail(log_path)}")
+                               f"and a retry redoes the rest. Last lines of {log_path}:\n{tail(log_path)}")
     return LaunchResult(launcher, num_processes, stop_requested.is_set(), progress, log_path)
-
-
-def _spawn(command: list[str], env: dict[str, str], output) -> subprocess.Popen:
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=output,
-                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launching thread dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _wait(processes: list[subprocess.Popen], stop_requested: threading.Event, watcher: LedgerWatcher,
@@ -164,41 +146,14 @@ def _wait(processes: list[subprocess.Popen], stop_requested: threading.Event, wa
     while any(p.poll() is None for p in processes):
         running = [p for p in processes if p.poll() is None]
         if stop_requested.is_set() and signalled_at is None:
-            _signal_groups(running, signal.SIGTERM)
+            signal_groups(running, signal.SIGTERM)
             signalled_at = time.monotonic()
         if signalled_at is not None and time.monotonic() - signalled_at > STOP_GRACE_S:
-            _signal_groups(running, signal.SIGKILL)
+            signal_groups(running, signal.SIGKILL)
         if on_round is not None and watcher.is_due():
             on_round(watcher.poll())
         time.sleep(POLL_S)
     return [p.returncode for p in processes]
-
-
-def _stop_group(processes: list[subprocess.Popen], grace_s: float) -> None:
-    """Leave nothing running: SIGTERM the groups still running, SIGKILL them after `grace_s`."""
-    running = [p for p in processes if p.poll() is None]
-    if not running:
-        return
-    _signal_groups(running, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(p.poll() is None for p in running) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    _signal_groups(running, signal.SIGKILL)  # also any grandchild left in the group
-    for process in running:
-        process.wait()
-
-
-def _signal_groups(processes: list[subprocess.Popen], sig: int) -> None:
-    for process in processes:
-        try:
-            os.killpg(process.pid, sig)  # each process leads its own session: group id = its pid
-        except (ProcessLookupError, PermissionError):
-            continue
-
-
-def _tail(path: Path, num_lines: int = 20) -> str:
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-num_lines:])
 
 
 class LedgerWatcher:

@@ -24,6 +24,7 @@ class SchedContext:
     now_s: float = 0.0  # the clock at the start of the current plan
     num_running: int = 0
     recent_k: float = 0.0  # moving average of the mean planned k over decode rows
+    num_plans: int = 0  # plans made so far: a version for per-round caches
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -42,6 +43,7 @@ class SchedContext:
 
     def observe_plan(self, plan: RoundPlan, num_running: int, smoothing: float = 0.2) -> None:
         self.num_running = num_running
+        self.num_plans += 1
         if plan.decode:
             mean_k = sum(k for _, k in plan.decode) / len(plan.decode)
             self.recent_k += smoothing * (mean_k - self.recent_k)

@@ -17,6 +17,7 @@ and we shrink it towards a prior with weight w:  α̂ = (A + w·prior) / (A + R 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specbatch.engine.sequence import Sequence
@@ -71,6 +72,10 @@ class AcceptanceStats:
         return shrunk_alpha(self.accepted.get(domain, 0), self.rejections.get(domain, 0), self.prior,
                             prior_weight)
 
+    def num_samples(self, domain: str) -> int:
+        """Accepted drafts + rejections seen in a domain: the evidence behind its α̂."""
+        return self.accepted.get(domain, 0) + self.rejections.get(domain, 0)
+
     def length_ratio(self, domain: str, prior_weight: float = 256.0) -> float:
         """Σ output / Σ max_new_tokens of the domain's finished rows, shrunk towards 1 (no early
         stops) with `prior_weight` budget tokens: how much of its budget a request really uses."""
@@ -106,6 +111,14 @@ class AlphaTracker:
         """Accepted drafts + rejections seen: the evidence behind the row's own estimate."""
         counts = self._counts(row)
         return counts.num_accepted + counts.num_rejections
+
+    def optimistic_alpha(self, row: Sequence, z: float, prior_weight: float = 8.0) -> float:
+        """Upper confidence bound α̂ + z·√(α̂(1 − α̂)/(n + w)), n the row's and its domain's samples and
+        w the prior's weight in pseudo-samples: a policy that stops drafting stops learning α, so it
+        acts on what α could still be (with no evidence at all, 0.5 + z·0.18)."""
+        alpha = self.alpha(row)
+        num = self.num_samples(row) + self.stats.num_samples(row.domain)
+        return min(1.0, alpha + z * math.sqrt(alpha * (1 - alpha) / (num + prior_weight)))
 
     def forget(self, row: Sequence) -> None:
         self._rows.pop(row.request_id, None)

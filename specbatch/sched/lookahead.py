@@ -26,22 +26,31 @@ class _Batch:
     caps: list[int]
     starts: list[int]
     lags: list[float]
+    log_alphas: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.log_alphas = [math.log(a) for a in self.alphas]
+        self.max_start = max(self.starts, default=0)
+        # E(α_i, k) for k = 0..cap_i, so a batch's expected tokens is a sum of lookups
+        self.expected = [[expected_tokens(a, k) for k in range(cap + 1)] for a, cap in zip(self.alphas, self.caps,
+                                                                                          strict=True)]
 
     @classmethod
-    def of(cls, ctx: SchedContext, rows: list[Sequence], caps: list[int], horizon: float = 1.0) -> _Batch:
-        """Lags beyond the pending token are spread over `horizon` rounds (a one-off catch-up)."""
-        alphas = [min(max(ctx.alpha(r), 1e-6), 1 - 1e-9) for r in rows]
+    def of(cls, ctx: SchedContext, rows: list[Sequence], caps: list[int], horizon: float = 1.0,
+           explore_z: float = 0.0) -> _Batch:
+        """Lags beyond the pending token are spread over `horizon` rounds (a one-off catch-up); with
+        explore_z > 0, α is its upper confidence bound."""
+        alphas = [min(max(ctx.alphas.optimistic_alpha(r, explore_z), 1e-6), 1 - 1e-9) for r in rows]
         lags = [1 + (draft_lag(r) - 1) / horizon for r in rows]
         return cls(alphas, list(caps), [r.num_computed for r in rows], lags)
 
     def shape(self, ks: list[int]) -> DecodeShape:
-        shape = DecodeShape()
-        for start, k, lag in zip(self.starts, ks, self.lags, strict=True):
-            shape.add(start, k, lag)
-        return shape
+        drafting = [lag for k, lag in zip(ks, self.lags, strict=True) if k > 0]
+        return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting), max(drafting, default=0),
+                           sum(ks))
 
     def tokens(self, ks: list[int]) -> float:
-        return sum(expected_tokens(a, k) for a, k in zip(self.alphas, ks, strict=True))
+        return sum(table[k] for table, k in zip(self.expected, ks, strict=True))
 
 
 @dataclass
@@ -51,7 +60,8 @@ class AdaptiveLookahead:
         max_k  Σ_i E(α_i, k_i) / T(k),   T from the cost model (padding, draft passes, lags),
 
     so each row's k is "expected tokens per unit of predicted round cost" with the cost counted at
-    the margin, given the batch. Solved exactly over the shared largest k, K = 0..max cap: with K
+    the margin, given the batch. Solved over the shared largest k, K = 0..max cap (stopping once the
+    ratio has fallen for two K in a row, as it does past its peak): with K
     fixed the verify pass is fixed and a row's further drafts only cost draft rows, so (Dinkelbach)
     with λ = Σ E / T each row maximizes E(α_i, k) − λ·c_draft_row·(k − 1 + lag): drafts j ≤ k* with
     α^j ≥ λ·c_draft_row are worth it, k* = ⌊ln(λ·c) / ln α⌋, and the row drafts at all only if
@@ -62,11 +72,15 @@ class AdaptiveLookahead:
     Hysteresis: the previous round's K is kept unless another K is `hysteresis` better. A row that
     stopped drafting must catch its draft cache up (its lag, padded across drafting rows at step 0):
     that switching cost is counted in T, spread over `switch_horizon` rounds since it is paid once.
+
+    Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
+    domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n).
     """
 
     ctx: SchedContext
     hysteresis: float = 0.05
     switch_horizon: float = 8.0
+    explore_z: float = 1.0
     num_iterations: int = 3
     name: str = "adaptive"
     last_k_max: int = field(default=0, init=False)
@@ -74,10 +88,18 @@ class AdaptiveLookahead:
     def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
         if not rows or max(caps) == 0:
             return [0 for _ in rows]
-        batch = _Batch.of(self.ctx, rows, caps, self.switch_horizon)
-        solutions = [self._solve(batch, k_max) for k_max in range(max(caps) + 1)]
-        best = max(range(len(solutions)), key=lambda k_max: solutions[k_max][0])
-        kept = min(self.last_k_max, len(solutions) - 1)
+        batch = _Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z)
+        solutions: dict[int, tuple[float, list[int]]] = {}
+        num_worse = 0
+        for k_max in range(max(caps) + 1):
+            solutions[k_max] = self._solve(batch, k_max)
+            if max(solutions[k_max][1]) < k_max:
+                break  # no row wants this many drafts: larger K changes nothing
+            num_worse = num_worse + 1 if k_max and solutions[k_max][0] < solutions[k_max - 1][0] else 0
+            if num_worse == 2 and self.last_k_max < k_max:
+                break  # the ratio has fallen twice in a row: past the best K
+        best = max(solutions, key=lambda k_max: solutions[k_max][0])
+        kept = self.last_k_max if self.last_k_max in solutions else best
         if solutions[best][0] < solutions[kept][0] * (1 + self.hysteresis):
             best = kept
         self.last_k_max = best
@@ -92,19 +114,20 @@ class AdaptiveLookahead:
             shape = batch.shape(ks)
             rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
             price = rate * price_per_row  # tokens one more draft row costs the batch
-            new_ks = [_row_k(a, min(cap, k_max), price, max(shape.max_lag, lag))
-                      for a, cap, lag in zip(batch.alphas, batch.caps, batch.lags, strict=True)]
+            new_ks = [_row_k(a, log_a, min(cap, k_max), price, max(shape.max_lag, lag))
+                      for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags,
+                                                    strict=True)]
             if new_ks == ks:
                 break
             ks = new_ks
         return batch.tokens(ks) / round_cost.decode_ms(batch.shape(ks)), ks
 
 
-def _row_k(alpha: float, k_cap: int, price: float, lag: float) -> int:
+def _row_k(alpha: float, log_alpha: float, k_cap: int, price: float, lag: float) -> int:
     """argmax_k E(α, k) − price·(k − 1 + lag) over k ∈ {0} ∪ {1..k_cap} (0 < α < 1)."""
     if k_cap <= 0 or price <= 0:
         return max(k_cap, 0)
-    k_star = min(k_cap, max(1, int(math.log(price) / math.log(alpha))))
+    k_star = min(k_cap, max(1, int(math.log(price) / log_alpha)))
     gain = expected_tokens(alpha, k_star) - 1.0
     return k_star if gain > price * (k_star - 1 + lag) else 0
 

@@ -73,6 +73,19 @@ class WaitQueue:
                 if entry[_ALIVE]:
                     yield entry[_KEY], entry[_COUNTER], entry[_ROW]
 
+    def remove(self, rows: list[Sequence]) -> int:
+        """Take these rows out (e.g. cancelled while waiting); one pass over the queue. Their
+        entries are marked dead and dropped lazily, as popped ones are. Returns how many."""
+        ids = {id(row) for row in rows}
+        removed = 0
+        for heap in self._heaps.values():
+            for entry in heap:
+                if entry[_ALIVE] and id(entry[_ROW]) in ids:
+                    entry[_ALIVE] = False
+                    removed += 1
+        self._size -= removed
+        return removed
+
     def clear(self) -> None:
         self._heaps.clear()
         self._by_arrival.clear()

@@ -52,7 +52,10 @@ class DecodeShape:
 
 
 def draft_lag(row: Sequence) -> int:
-    """Tokens the draft cache must catch up on before drafting (the pending token at least)."""
+    """Tokens the draft cache must catch up on before drafting (the pending token at least). A row
+    still prefilling verifies only once its prefill completes, which brings the draft cache along."""
+    if not row.is_decoding:
+        return 1
     return max(1, row.num_tokens - row.num_draft_computed)
 
 

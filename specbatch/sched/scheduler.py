@@ -100,9 +100,10 @@ class Scheduler:
             if self._can_admit(row, need):
                 self._admit(self.waiting.pop(now_s), need, now_s, result)
                 continue
-            if num_priority_preemptions >= self.limits.max_preemptions_per_round:
-                break
-            victim = self._priority_victim(row, need, now_s)
+            if (num_priority_preemptions >= self.limits.max_preemptions_per_round
+                    or not self._fits_round_time(row)):
+                break  # preempting frees slots and KV, not round time
+            victim = self._priority_victim(row, need, now_s, result.admitted)
             if victim is None:
                 break
             self.preempt(victim)
@@ -115,11 +116,12 @@ class Scheduler:
                 and self._fits_round_time(row))
 
     def _fits_round_time(self, row: Sequence) -> bool:
-        """Predicted verify time of the running rows plus this one (k = 0) within tpot_slo_ms; the
-        first row always fits (progress)."""
+        """Predicted verification cost: a round of the running rows plus this one, each verifying
+        1 + k̂ positions (k̂ the recent mean lookahead), within tpot_slo_ms. The first row always fits."""
         if not self.running:
             return True
-        shape = DecodeShape.of(self.running + [row], [0] * (len(self.running) + 1))
+        k = min(round(self.ctx.recent_k), self.limits.max_lookahead)
+        shape = DecodeShape.of(self.running + [row], [k] * (len(self.running) + 1))
         return self.ctx.round_cost.decode_ms(shape) <= self.ctx.tpot_slo_ms
 
     def _admit(self, row: Sequence, need: int, now_s: float, result: Admission) -> None:
@@ -130,12 +132,15 @@ class Scheduler:
         self.running.append(row)
         result.admitted.append(row)
 
-    def _priority_victim(self, row: Sequence, need: int, now_s: float) -> Sequence | None:
+    def _priority_victim(self, row: Sequence, need: int, now_s: float,
+                         just_admitted: list[Sequence]) -> Sequence | None:
         """A running row to preempt so that `row` fits, if the order policy wants one and freeing
-        it makes room (a slot and enough KV); None otherwise."""
+        it makes room (a slot and enough KV); None otherwise. Rows admitted this round are safe."""
         if not self.order.preemptive:
             return None
-        candidates = [r for r in self.running if self.order.should_preempt(r, row, now_s)]
+        fresh = {id(r) for r in just_admitted}
+        candidates = [r for r in self.running
+                      if id(r) not in fresh and self.order.should_preempt(r, row, now_s)]
         held = [self.kv.reserved.get(r.request_id, 0) for r in candidates]
         fits = [i for i, h in enumerate(held) if self.kv.num_free + h >= need]
         if not fits:

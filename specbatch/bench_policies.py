@@ -1,0 +1,266 @@
+"""The policy benchmark suite (`specbatch bench --suite policies`): lookahead × order policies on
+one model pair, over a code + prose mix of held-out prompts arriving all at once, in one process.
+
+Models load once. A short calibration sweep first fits the round-time cost model on this machine
+(`CostModel.fit` over its rounds); every suite run then schedules with that model, and its error on
+the suite's own rounds (which it never saw) is the reported held-out MAPE. Each run reports
+throughput and latency *and* the work behind them, apart: target rows per committed token (all
+positions the target computed, prefill and drafts included) and the padded share of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+from specbatch.config import JobConfig
+from specbatch.engine.build import Models, build_engine, load_models
+from specbatch.engine.loop import MemoryRecorder
+from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.sched.costmodel import CostModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOOKAHEADS = ("none", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:5", "adaptive")
+DEFAULT_ORDERS = ("fcfs", "sjf", "laps-sd", "specbatch")
+CALIBRATION_LOOKAHEADS = ("none", "fixed:1", "fixed:4")
+# wall: elapsed time. process: this process's CPU time, which on a shared machine leaves out the time
+# other processes take from it; with one torch thread it is the engine's own elapsed compute time.
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    domain: str
+
+
+def heldout_prompts(tokenizer, num_prompts: int = 64, seed: int = 0, prompt_tokens: int = 48,
+                    min_new_tokens: int = 16, max_new_tokens: int = 256) -> list[BenchPrompt]:
+    """Half code, half prose (alternating): the first `prompt_tokens` tokens of held-out documents
+    drawn with a seeded RNG, each with max_new_tokens drawn uniformly in [min, max]."""
+    from specbatch.models.corpus import documents
+
+    rng = random.Random(seed)
+    picks: dict[str, list] = {}
+    for domain in ("code", "prose"):
+        docs = sorted(documents(domain, "heldout"), key=lambda d: d.doc_id)
+        picks[domain] = rng.sample(docs, min(len(docs), math.ceil(num_prompts / 2)))
+    prompts = []
+    for index in range(num_prompts):
+        domain = ("code", "prose")[index % 2]
+        doc = picks[domain][(index // 2) % len(picks[domain])]
+        ids = tuple(tokenizer(doc.text)["input_ids"][:prompt_tokens])
+        prompts.append(BenchPrompt(f"{domain}-{index:04d}", ids, rng.randint(min_new_tokens, max_new_tokens), domain))
+    return prompts
+
+
+def variant(config: JobConfig, lookahead: str, order: str, **scheduler: object) -> JobConfig:
+    """`none` is the drafter switched off (plain decoding on the same path)."""
+    drafter = config.drafter.model_copy(update={"kind": "none" if lookahead == "none" else "draft"})
+    updates = {"lookahead": "fixed:0" if lookahead == "none" else lookahead, "order": order, **scheduler}
+    return config.model_copy(update={"drafter": drafter, "scheduler": config.scheduler.model_copy(update=updates)})
+
+
+def run_once(config: JobConfig, models: Models, prompts: list[BenchPrompt], name: str,
+             clock: str = "wall") -> tuple[dict, MemoryRecorder]:
+    """One engine over all prompts at once; returns its metrics and its records. Every time the
+    engine records (arrivals, finishes, round_ms) is read from `clock` (see CLOCKS)."""
+    recorder = MemoryRecorder()
+    engine = build_engine(config, models, recorder)
+    engine.clock = CLOCKS[clock]
+    rows = [Sequence(p.request_id, list(p.prompt_ids), SamplingParams(max_new_tokens=p.max_new_tokens),
+                     domain=p.domain) for p in prompts]
+    started = engine.clock()
+    for row in rows:
+        engine.add(row)
+    engine.run()
+    wall_s = engine.clock() - started
+    return summarize(name, config, recorder, rows, wall_s), recorder
+
+
+def summarize(name: str, config: JobConfig, recorder: MemoryRecorder, rows: list[Sequence], wall_s: float) -> dict:
+    rounds = recorder.rounds
+    committed = sum(r.num_committed for r in rounds)
+    target_rows = sum(r.num_target_rows for r in rounds)
+    padded = sum(r.num_padded_target_rows for r in rounds)
+    proposed = sum(r.num_proposed for r in rounds)
+    completion = sorted(row.finished_s - row.arrival_s for row in rows if row.finished_s is not None)
+    decode_rows = sum(r.num_decode_rows for r in rounds)
+    return {
+        "name": name,
+        "lookahead": "none" if config.drafter.kind == "none" else config.scheduler.lookahead,
+        "order": config.scheduler.order,
+        "tokens_per_s": committed / wall_s,
+        "target_rows_per_token": target_rows / max(committed, 1),
+        "padded_share": padded / max(target_rows + padded, 1),
+        "mean_completion_s": sum(completion) / max(len(completion), 1),
+        "p99_completion_s": _quantile(completion, 0.99),
+        "wall_s": wall_s,
+        "num_committed": committed,
+        "target_passes_per_token": sum(r.num_target_passes for r in rounds) / max(committed, 1),
+        "acceptance": sum(r.num_accepted for r in rounds) / max(proposed, 1),
+        "mean_k": proposed / max(decode_rows, 1),
+        "plan_share": sum(r.plan_ms for r in rounds) / max(sum(r.round_ms for r in rounds), 1e-9),
+        "num_preemptions": sum(q.num_preemptions for q in recorder.requests),
+        "num_rounds": len(rounds),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    position = q * (len(values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def rounds_table(recorders: list[MemoryRecorder]) -> pa.Table:
+    """The `rounds` columns CostModel.fit reads, from in-memory records."""
+    names = ("num_target_passes", "num_target_rows", "num_padded_target_rows", "num_draft_passes",
+             "num_draft_rows", "num_padded_draft_rows", "num_kv_tokens_read", "round_ms")
+    rounds = [r for recorder in recorders for r in recorder.rounds]
+    return pa.table({name: [getattr(r, name) for r in rounds] for name in names})
+
+
+def mape(model: CostModel, table: pa.Table) -> float:
+    """Mean absolute percentage error of a model's round-time predictions on a rounds table."""
+    c = table.to_pydict()
+    features = zip(c["num_target_passes"], c["num_target_rows"], c["num_padded_target_rows"], c["num_draft_passes"],
+                   c["num_draft_rows"], c["num_padded_draft_rows"], c["num_kv_tokens_read"], c["round_ms"], strict=True)
+    errors = [abs(model.predict_ms(tp, tr + ptr, dp, dr + pdr, kv) - y) / max(y, 1e-9)
+              for tp, tr, ptr, dp, dr, pdr, kv, y in features]
+    return sum(errors) / max(len(errors), 1)
+
+
+def cross_validated_mape(recorders: list[MemoryRecorder]) -> float | None:
+    """Two folds by run (even / odd runs): fit on one, MAPE on the other, averaged over rounds."""
+    folds = [recorders[0::2], recorders[1::2]]
+    if not all(fold and sum(len(r.rounds) for r in fold) >= 2 for fold in folds):
+        return None
+    errors = [(mape(CostModel.fit(rounds_table(train)), rounds_table(test)), sum(len(r.rounds) for r in test))
+              for train, test in (folds, folds[::-1])]
+    return sum(e * n for e, n in errors) / sum(n for _, n in errors)
+
+
+def calibrate(config: JobConfig, models: Models, prompts: list[BenchPrompt], max_new_tokens: int = 128,
+              clock: str = "wall") -> CostModel:
+    """Fit the cost model on runs over the suite's own shapes (batch sizes, k, KV lengths), budgets
+    cut to max_new_tokens to keep it short."""
+    short = [BenchPrompt(p.request_id, p.prompt_ids, min(p.max_new_tokens, max_new_tokens), p.domain)
+             for p in prompts]
+    recorders = [run_once(variant(config, lookahead, "fcfs"), models, short, f"calibrate {lookahead}", clock)[1]
+                 for lookahead in CALIBRATION_LOOKAHEADS]
+    return CostModel.fit(rounds_table(recorders), source="bench_policies calibration sweep")
+
+
+def run_policy_suite(config: JobConfig, prompts: list[BenchPrompt] | None = None, json_path: Path | None = None,
+                     *, num_prompts: int = 64, lookaheads: tuple[str, ...] = DEFAULT_LOOKAHEADS,
+                     orders: tuple[str, ...] = DEFAULT_ORDERS, repeats: int = 1, seed: int = 0,
+                     clock: str = "wall", models: Models | None = None, console: Console | None = None) -> dict:
+    """Run every lookahead × order on one pair (loaded once), all requests at once; returns (and
+    writes to json_path) {"results": [...], "cost_model": {...}, "goals": {...}} and prints a table.
+
+    With repeats > 1 the grid runs that many times, every other pass in reverse (a machine whose
+    speed drifts then biases no policy by its place in the grid), and each metric is the median.
+    clock="process" times everything in this process's CPU time (use with models.num_threads=1): on
+    a machine shared with other work, wall time measures the neighbours as much as the policies."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
+    models = models or load_models(variant(config, "fixed:1", "fcfs"))
+    prompts = prompts or heldout_prompts(models.tokenizer, num_prompts, seed)
+    run_once(variant(config, "fixed:2", "fcfs"), models, prompts[:4], "warm-up", clock)
+    cost = calibrate(config, models, prompts, clock=clock)
+    grid = [(lookahead, order) for lookahead in lookaheads for order in orders]
+    runs: dict[tuple[str, str], list[dict]] = {cell: [] for cell in grid}
+    recorders = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cost_path = Path(tmp) / "cost_model.json"
+        cost.save(cost_path)
+        for repeat in range(repeats):
+            for lookahead, order in grid if repeat % 2 == 0 else reversed(grid):
+                name = f"{lookahead}/{order}"
+                log.info("policy suite (pass %d/%d): %s", repeat + 1, repeats, name)
+                summary, recorder = run_once(variant(config, lookahead, order, cost_model=str(cost_path)), models,
+                                             prompts, name, clock)
+                runs[(lookahead, order)].append(summary)
+                recorders.append(recorder)
+    results = [median_summary(runs[cell]) for cell in grid]
+    suite_rounds = rounds_table(recorders)
+    refit = CostModel.fit(suite_rounds, source="policy suite rounds (in-sample)")
+    report = {
+        "results": results,
+        "cost_model": {"calibrated": {**cost.__dict__}, "mape_calibration": cost.mape,
+                       "mape_heldout": mape(cost, suite_rounds), "mape_refit_in_sample": refit.mape,
+                       "mape_cross_validated": cross_validated_mape(recorders), "refit": {**refit.__dict__}},
+        "goals": goals(results),
+        "setup": {"num_prompts": len(prompts), "max_batch_rows": config.scheduler.max_batch_rows,
+                  "lookaheads": list(lookaheads), "orders": list(orders), "repeats": repeats, "seed": seed,
+                  "clock": clock, "num_threads": config.models.num_threads},
+    }
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report, console or Console(width=150))
+    return report
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """Per metric, the median over repeats (names and labels from the first)."""
+    merged = dict(summaries[0])
+    for key, value in merged.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            merged[key] = statistics.median(s[key] for s in summaries)
+    merged["num_repeats"] = len(summaries)
+    return merged
+
+
+def goals(results: list[dict]) -> dict:
+    """The issue's goals: adaptive vs the best fixed k (tokens/s) per order; specbatch vs fcfs
+    (mean and p99 completion) per lookahead."""
+    by = {(r["lookahead"], r["order"]): r for r in results}
+    out: dict[str, dict] = {"adaptive_over_best_fixed": {}, "specbatch_over_fcfs": {}}
+    for order in {o for _, o in by}:
+        fixed = [r["tokens_per_s"] for (la, o), r in by.items() if o == order and la.startswith("fixed:")]
+        if fixed and ("adaptive", order) in by:
+            out["adaptive_over_best_fixed"][order] = by[("adaptive", order)]["tokens_per_s"] / max(fixed)
+    for lookahead in {la for la, _ in by}:
+        if (lookahead, "specbatch") in by and (lookahead, "fcfs") in by:
+            ours, base = by[(lookahead, "specbatch")], by[(lookahead, "fcfs")]
+            out["specbatch_over_fcfs"][lookahead] = {
+                "mean": ours["mean_completion_s"] / base["mean_completion_s"],
+                "p99": ours["p99_completion_s"] / base["p99_completion_s"]}
+    return out
+
+
+def print_table(report: dict, console: Console) -> None:
+    table = Table(title=f"policy suite (all requests at once; {report['setup']['clock']} clock)")
+    for column in ("name", "tokens/s", "target rows/token", "padded", "mean k", "accept", "mean s", "p99 s",
+                   "preempt", "plan %"):
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for r in report["results"]:
+        table.add_row(r["name"], f"{r['tokens_per_s']:.1f}", f"{r['target_rows_per_token']:.2f}",
+                      f"{r['padded_share']:.1%}", f"{r['mean_k']:.2f}", f"{r['acceptance']:.2f}",
+                      f"{r['mean_completion_s']:.2f}", f"{r['p99_completion_s']:.2f}", str(r["num_preemptions"]),
+                      f"{r['plan_share']:.1%}")
+    console.print(table)
+    cost = report["cost_model"]
+    cv = cost["mape_cross_validated"]
+    console.print(f"cost model MAPE: calibration {cost['mape_calibration']:.1%}, calibrated model on the suite "
+                  f"{cost['mape_heldout']:.1%}, refit in-sample {cost['mape_refit_in_sample']:.1%}, "
+                  f"2-fold by run {'n/a' if cv is None else f'{cv:.1%}'}")
+    console.print(f"goals: {json.dumps(report['goals'], indent=1)}")

@@ -1,0 +1,178 @@
+"""Lookahead, prefill-chunk and packing decisions on hand-made states; the round-cost predictor
+and the cost model's fit (no model)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from sched_engine_helpers import make_row, make_scheduler
+
+from specbatch.sched.buckets import ShapeBuckets
+from specbatch.sched.context import SchedContext
+from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
+from specbatch.sched.estimates import AcceptanceStats, expected_tokens
+from specbatch.sched.factory import make_lookahead, make_prefill_chunk
+from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead
+from specbatch.sched.packing import Packer
+from specbatch.sched.prefill import DeadlinePrefillChunk
+from specbatch.sched.roundcost import DecodeShape, RoundCostModel
+
+GOOD, POOR = [(4, 4)] * 10, [(0, 4)] * 10  # accept histories: everything / nothing accepted
+
+
+def decoding_rows(n: int, history, prefix: str = "r", domain: str = "") -> list:
+    return [make_row(f"{prefix}{i}", 20, 100, domain=domain, history=history, num_output=10) for i in range(n)]
+
+
+def test_expected_tokens_and_censored_acceptance_estimate():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(1.0, 4) == 5.0
+    stats = AcceptanceStats()
+    stats.observe("d", 4, 2)  # accepted 2, then a rejection
+    stats.observe("d", 4, 4)  # all accepted: censored, no rejection seen
+    assert stats.alpha("d", prior_weight=0) == pytest.approx(6 / 7)  # A / (A + R), not 6 / 8
+
+
+def test_adaptive_drafts_long_for_a_small_well_matched_batch():
+    ctx = SchedContext(max_lookahead=8)
+    assert AdaptiveLookahead(ctx).choose(decoding_rows(1, GOOD), [8]) == [8]
+
+
+def test_adaptive_stops_drafting_for_a_poorly_matched_row():
+    ctx = SchedContext(max_lookahead=8)
+    assert AdaptiveLookahead(ctx).choose(decoding_rows(1, POOR), [8]) == [0]
+
+
+def test_adaptive_explores_a_domain_it_has_not_measured():
+    """Plain decoding pays under the prior (α = 0.5) at this batch size, but k = 0 would never
+    measure α: the upper confidence bound keeps drafting until the evidence says otherwise."""
+    rows = decoding_rows(16, [], "r", "new")
+    assert max(AdaptiveLookahead(SchedContext(max_lookahead=8), explore_z=0.0).choose(rows, [8] * 16)) == 0
+    assert max(AdaptiveLookahead(SchedContext(max_lookahead=8)).choose(rows, [8] * 16)) > 0
+
+
+def test_adaptive_mixed_batch_keeps_drafts_where_they_pay():
+    """Next to well-drafting rows the verify is padded to their k anyway, so a poor row's drafts cost
+    only draft rows: it drafts while α^j beats that price, and not at all once its domain is bad."""
+    ctx = SchedContext(max_lookahead=8)
+    rows = decoding_rows(2, GOOD, "g", "code") + decoding_rows(2, POOR, "p", "prose")
+    ks = AdaptiveLookahead(ctx).choose(rows, [8] * 4)
+    assert ks[0] == ks[1] > ks[2] == ks[3]
+    for _ in range(200):  # enough evidence that exploring prose is no longer worth it
+        ctx.stats.observe("prose", 4, 0)
+    ks = AdaptiveLookahead(ctx).choose(rows, [8] * 4)
+    assert ks[0] == ks[1] > 0 and ks[2] == ks[3] == 0
+
+
+def test_adaptive_shortens_drafts_as_the_batch_grows():
+    """Verify padding grows with B·K, so the best largest k falls with the batch size."""
+    k_by_batch = [max(AdaptiveLookahead(SchedContext(max_lookahead=8)).choose(decoding_rows(n, [(3, 4)] * 10),
+                                                                            [8] * n)) for n in (1, 8, 64)]
+    assert k_by_batch[0] >= k_by_batch[1] >= k_by_batch[2] == 0 < k_by_batch[0]
+
+
+def test_adaptive_respects_caps_and_hysteresis():
+    ctx = SchedContext(max_lookahead=8)
+    policy = AdaptiveLookahead(ctx, hysteresis=10.0)  # nothing beats the kept K by 1000 %
+    assert policy.choose(decoding_rows(1, GOOD), [3]) == [0]  # starts from K = 0 and keeps it
+    policy = AdaptiveLookahead(ctx)
+    assert policy.choose(decoding_rows(1, GOOD), [3]) == [3] and policy.last_k_max == 3
+
+
+def test_slack_fits_the_objective_and_shrinks_with_it():
+    ctx = SchedContext(max_lookahead=8)
+    rows = decoding_rows(16, [(3, 4)] * 10)
+    drafts = []
+    for slo_ms in (6.0, 12.0, 40.0, 1000.0):
+        ctx.tpot_slo_ms = slo_ms
+        ks = SlackLookahead(ctx).choose(rows, [8] * 16)
+        assert ctx.round_cost.decode_ms(DecodeShape.of(rows, ks)) <= slo_ms or sum(ks) == 0
+        drafts.append(sum(ks))
+    assert drafts == sorted(drafts) and drafts[0] == 0 and drafts[-1] == 16 * 8
+
+
+def test_deadline_chunk_is_the_largest_that_keeps_the_objective():
+    ctx = SchedContext(max_lookahead=4, tpot_slo_ms=30.0, max_round_tokens=4096)
+    policy = DeadlinePrefillChunk(ctx, min_chunk=1)
+    decode = [(row, 2) for row in decoding_rows(8, GOOD)]
+    prefill = [make_row(f"p{i}", num_prompt=900) for i in range(2)]
+    chunk = policy.chunk_tokens(decode, prefill)
+    assert 1 < chunk < 899
+    assert policy.round_ms(decode, prefill, chunk) <= 30.0 < policy.round_ms(decode, prefill, chunk + 1)
+
+
+def test_deadline_chunk_without_decode_rows_is_the_token_budget():
+    ctx = SchedContext(max_round_tokens=300)
+    assert DeadlinePrefillChunk(ctx).chunk_tokens([], [make_row("p", num_prompt=1000)]) == 300
+
+
+def test_deadline_chunk_keeps_progress_when_decode_alone_misses_the_objective():
+    ctx = SchedContext(tpot_slo_ms=0.5)
+    decode = [(row, 0) for row in decoding_rows(4, GOOD)]
+    assert DeadlinePrefillChunk(ctx, min_chunk=16).chunk_tokens(decode, [make_row("p", 100)]) == 16
+
+
+def test_packer_keeps_rows_of_similar_kv_length_and_no_row_starves():
+    ctx = SchedContext(max_lookahead=0, round_cost=RoundCostModel(CPU_DEMO_PROFILE, ShapeBuckets(kv_len_multiple=32)))
+    short = [make_row(f"s{i}", 20, 100, num_output=5) for i in range(3)]
+    long = [make_row(f"l{i}", 400, 100, num_output=5) for i in range(3)]
+    packer = Packer(ctx, max_skips=2)
+    first = packer.select(short + long, max_rows=8, max_tokens=3)
+    assert {r.request_id for r in first} in ({"s0", "s1", "s2"}, {"l0", "l1", "l2"})
+    seen = {r.request_id for r in first}
+    for _ in range(3):
+        seen |= {r.request_id for r in packer.select(short + long, max_rows=8, max_tokens=3)}
+    assert seen == {r.request_id for r in short + long}
+
+
+def test_packer_trims_a_batch_just_past_a_bucket_when_padding_costs_more():
+    cost = CostModel(0.1, 0.1, 1.0, 0.0, 0.0, 0.0)  # padding-dominated: 1 ms per position
+    ctx = SchedContext(max_lookahead=0, round_cost=RoundCostModel(cost, ShapeBuckets(batch_rows=(8, 16))))
+    rows = decoding_rows(9, GOOD)
+    assert len(Packer(ctx).select(rows, max_rows=32, max_tokens=512)) == 8
+    assert len(Packer(SchedContext(max_lookahead=0)).select(rows, 32, 512)) == 9  # no buckets: all
+
+
+def test_round_cost_mirrors_the_backend_shapes():
+    cost = CostModel(1.0, 2.0, 0.5, 3.0, 0.25, 0.01)
+    model = RoundCostModel(cost, ShapeBuckets(batch_rows=(4, 8), query_len=(4, 8), kv_len_multiple=16))
+    rows = decoding_rows(3, GOOD)  # num_computed = 29 each, draft lag 1
+    predicted = model.decode_ms(DecodeShape.of(rows, [2, 3, 0]))
+    # verify: 3 rows → 4, query 1 + 3 → 4: 16 positions; kv ⌈29 + 4⌉₁₆ = 48 per bucket row: 192
+    # draft: 3 passes, 2 drafting rows · lag 1 + (2 − 1) + (3 − 1) = 5 rows
+    assert predicted == pytest.approx(1 + 2 * 1 + 0.5 * 16 + 3 * 3 + 0.25 * 5 + 0.01 * 192)
+
+
+def test_cost_model_fit_recovers_coefficients_and_round_trips(tmp_path):
+    truth = CostModel(2.0, 3.0, 0.1, 1.0, 0.05, 0.001)
+    columns = {name: [] for name in ("num_target_passes", "num_target_rows", "num_padded_target_rows",
+                                     "num_draft_passes", "num_draft_rows", "num_padded_draft_rows",
+                                     "num_kv_tokens_read", "round_ms")}
+    for i in range(60):
+        row = (1 + i % 2, 10 + 7 * i % 90, i % 5, i % 6, 3 * (i % 11), i % 3, 400 + 53 * i % 2000)
+        for name, value in zip(list(columns)[:-1], row, strict=True):
+            columns[name].append(value)
+        columns["round_ms"].append(truth.predict_ms(row[0], row[1] + row[2], row[3], row[4] + row[5], row[6]))
+    fitted = CostModel.fit(pa.table(columns), source="synthetic")
+    assert fitted.mape < 1e-6 and fitted.target_rows == pytest.approx(0.1)
+    fitted.save(tmp_path / "cost.json")
+    assert CostModel.load(tmp_path / "cost.json") == fitted
+
+
+@pytest.mark.parametrize(("spec", "kind"), [("adaptive", AdaptiveLookahead), ("slack", SlackLookahead)])
+def test_factory_lookahead_specs(spec, kind):
+    assert isinstance(make_lookahead(spec, 4), kind)
+    assert make_lookahead("fixed:9", 4).k == 4
+    assert isinstance(make_prefill_chunk("deadline"), DeadlinePrefillChunk)
+    with pytest.raises(ValueError):
+        make_lookahead("greedy", 4)
+
+
+def test_plan_records_its_own_time_and_drafts_within_caps():
+    scheduler = make_scheduler("specbatch", "adaptive", "deadline", max_lookahead=4)
+    for i in range(4):
+        scheduler.add(make_row(f"r{i}", num_prompt=6, max_new=3))
+    plan, _ = scheduler.plan(0.0)
+    assert plan.plan_ms > 0
+    assert all(k <= 2 for _, k in plan.decode)  # cap: max_new_tokens − 1
