@@ -7,8 +7,9 @@ analytics switches at import). Two cases:
   expects; only Prefect's console logging is silenced (the CLI prints the progress and summary).
 - otherwise the run is isolated: a temporary local Prefect server for this one command, with its
   state in `OUTPUT/.prefect` (a SQLite database of flow runs, logs and artifacts, kept between runs
-  so that its schema is created once; no job depends on it, delete it at any time), the user's own
-  profiles ignored, server analytics and SDK telemetry off.
+  so that its schema is created once; no job depends on it, delete it at any time) or in
+  `SPECBATCH_PREFECT_HOME` when that is set, the user's own profiles ignored, server analytics and
+  SDK telemetry off.
 
 The temporary server is Prefect's own ephemeral server (the command `SubprocessASGIServer` runs in
 prefect 3), started here rather than by prefect so that it boots while the CLI imports torch, leads
@@ -38,7 +39,11 @@ QUIET = {
 }
 
 
-def prefect_home(output: Path) -> Path:
+def prefect_home(output: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """`OUTPUT/.prefect`, or `SPECBATCH_PREFECT_HOME` when set (one database for many output dirs)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SPECBATCH_PREFECT_HOME"):
+        return Path(environ["SPECBATCH_PREFECT_HOME"]).resolve()
     return Path(output).resolve() / ".prefect"
 
 
@@ -48,7 +53,7 @@ def local_prefect_env(output: Path, environ: Mapping[str, str] | None = None) ->
     quiet = {key: environ.get(key, value) for key, value in QUIET.items()}
     if environ.get("PREFECT_API_URL"):
         return quiet
-    home = prefect_home(output)
+    home = prefect_home(output, environ)
     return {
         **quiet,
         "PREFECT_HOME": str(home),

@@ -110,6 +110,8 @@ def test_local_prefect_env_is_isolated_unless_an_api_is_configured(tmp_path):
     assert env["PREFECT_HOME"] == str((tmp_path / "out" / ".prefect").resolve())
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["DO_NOT_TRACK"] == "1"
     assert env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "CRITICAL"
+    shared = local_prefect_env(tmp_path / "out", {"SPECBATCH_PREFECT_HOME": str(tmp_path / "shared")})
+    assert shared["PREFECT_HOME"] == str((tmp_path / "shared").resolve())
     configured = local_prefect_env(tmp_path / "out", {"PREFECT_API_URL": "http://server:4200/api"})
     assert "PREFECT_HOME" not in configured and "PREFECT_API_URL" not in configured
 
@@ -118,7 +120,8 @@ def test_submit_runs_the_flow_locally_quietly(tmp_path, tiny_pair):
     dataset, config, ids = _inputs(tmp_path, tiny_pair)
     home = tmp_path / "home"
     home.mkdir()
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("PREFECT_", "SPECBATCH_PREFECT_HOME"))}
     env.update(HOME=str(home), COLUMNS="120")
     command = [sys.executable, "-m", "specbatch.cli", "submit", str(dataset), "--config", str(config),
                "--job-id", "cli-1", "--output", "out"]

@@ -627,7 +627,29 @@ def assert_rows_equal(actual: list[dict], expected: list[dict]) -> None:
 # --------------------------------------------------------------------------------------------- tests
 
 
-JOB_SETS = ["fake_jobs"]  # fixtures that return job directories to report on together
+@pytest.fixture(scope="module")
+def real_jobs(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> list[Path]:
+    """Two small real jobs (draft-model speculation and none) run by the engine on the tiny pair."""
+    from engine_helpers import random_prompts, tiny_config
+    from specbatch.engine.build import build_engine, generate, load_models
+    from specbatch.engine.sequence import SamplingParams, Sequence
+
+    root = tmp_path_factory.mktemp("real")
+    requests = random_prompts(tiny_pair[2], 12, seed=21)
+    jobs = []
+    for drafter in ("none", "draft"):
+        config = tiny_config(tiny_pair, f"drafter.kind={drafter}", "scheduler.max_batch_rows=5")
+        job_dir = root / f"real-{drafter}"
+        writer = ledger.PartWriter(job_dir, 0, "run1", every_requests=4, every_s=1e9)
+        engine = build_engine(config, load_models(config), writer)
+        generate(engine, [Sequence(f"r{i}", p, SamplingParams(max_new_tokens=m), ("code", "prose")[i % 2])
+                          for i, (p, m) in enumerate(requests)])
+        writer.flush()
+        jobs.append(job_dir)
+    return jobs
+
+
+JOB_SETS = ["fake_jobs", "real_jobs"]  # fixtures that return job directories to report on together
 
 
 @pytest.fixture(scope="module", params=JOB_SETS)
