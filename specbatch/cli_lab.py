@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -14,7 +14,7 @@ console = Console()
 
 def calibrate(
     job_dir: Annotated[Path, typer.Argument(help="a finished job directory")],
-    out: Annotated[Optional[Path], typer.Option(help="where to save (default JOB_DIR/cost_model.json)")] = None,
+    out: Annotated[Path | None, typer.Option(help="where to save (default JOB_DIR/cost_model.json)")] = None,
 ) -> None:
     """Fit the round-time cost model on a job's rounds and save it (with its own error) for a config."""
     from specbatch.sim.calibrate import calibrate as fit
@@ -32,7 +32,7 @@ def calibrate(
 
 
 def simulate(
-    config: Annotated[Optional[Path], typer.Option(help="job config YAML (policies are varied on top of it)")] = None,
+    config: Annotated[Path | None, typer.Option(help="job config YAML (policies are varied on top of it)")] = None,
     requests: Annotated[int, typer.Option(help="simulated requests per policy")] = 2000,
     arrival: Annotated[str, typer.Option(help="offline | poisson:RATE | onoff:R,ON,OFF | gamma:R,CV | replay:PATH")]
     = "offline",
@@ -40,7 +40,7 @@ def simulate(
     = "fcfs,sjf,laps-sd,specbatch",
     workers: Annotated[int, typer.Option(help="simulated workers")] = 1,
     output: Annotated[Path, typer.Option(help="where the simulated job directories go")] = Path("outputs/sim"),
-    cost_model: Annotated[Optional[str], typer.Option(help="cpu-demo | PATH from `specbatch calibrate`")] = None,
+    cost_model: Annotated[str | None, typer.Option(help="cpu-demo | PATH from `specbatch calibrate`")] = None,
     acceptance: Annotated[str, typer.Option(help="alpha | domain=mean:concentration,... | replay:JOB_DIR")]
     = "code=0.8:20,prose=0.55:10",
     seed: Annotated[int, typer.Option(help="random seed (same seed, same jobs)")] = 0,

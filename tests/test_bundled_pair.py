@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from engine_helpers import greedy_reference
+
 from specbatch.bench import heldout_prompts
 from specbatch.config import JobConfig
 from specbatch.engine.build import build_engine, generate, load_models

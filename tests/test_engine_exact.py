@@ -4,8 +4,8 @@ token, for every drafter, lookahead (fixed and mixed per row), batch size and sh
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import MixedLookahead, greedy_reference, random_prompts, run_engine, tiny_config
+
 from specbatch.engine.build import load_models
 
 NUM_PROMPTS = 32

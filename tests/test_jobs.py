@@ -11,7 +11,6 @@ import time
 
 import duckdb
 import pytest
-
 from job_helpers import results, submit, write_config, write_jsonl
 from test_ingest import JSONL_CORPUS
 

@@ -631,6 +631,7 @@ def assert_rows_equal(actual: list[dict], expected: list[dict]) -> None:
 def real_jobs(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> list[Path]:
     """Two small real jobs (draft-model speculation and none) run by the engine on the tiny pair."""
     from engine_helpers import random_prompts, tiny_config
+
     from specbatch.engine.build import build_engine, generate, load_models
     from specbatch.engine.sequence import SamplingParams, Sequence
 

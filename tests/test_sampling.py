@@ -61,6 +61,7 @@ def chi_square_p_value(statistic: float, dof: int) -> float:
 def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, drafter, temperature, top_p):
     """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
     from engine_helpers import tiny_config
+
     from specbatch.engine.build import build_engine, load_models
     from specbatch.engine.loop import MemoryRecorder
     from specbatch.engine.sequence import SamplingParams, Sequence

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-
 from engine_helpers import greedy_reference, random_prompts, run_engine, tiny_config
+
 from specbatch.engine.build import build_engine, load_models
 from specbatch.engine.loop import MemoryRecorder
 from specbatch.engine.sequence import SamplingParams, Sequence

@@ -31,9 +31,7 @@ class _Batch:
     def __post_init__(self) -> None:
         self.log_alphas = [math.log(a) for a in self.alphas]
         self.max_start = max(self.starts, default=0)
-        # E(α_i, k) for k = 0..cap_i, so a batch's expected tokens is a sum of lookups
-        self.expected = [[expected_tokens(a, k) for k in range(cap + 1)] for a, cap in zip(self.alphas, self.caps,
-                                                                                          strict=True)]
+        self.expected = [_expected_table(a, cap) for a, cap in zip(self.alphas, self.caps, strict=True)]
 
     @classmethod
     def of(cls, ctx: SchedContext, rows: list[Sequence], caps: list[int], horizon: float = 1.0,
@@ -121,6 +119,15 @@ class AdaptiveLookahead:
                 break
             ks = new_ks
         return batch.tokens(ks) / round_cost.decode_ms(batch.shape(ks)), ks
+
+
+def _expected_table(alpha: float, cap: int) -> list[float]:
+    """E(α, k) for k = 0..cap, by E(α, k) = E(α, k − 1) + α^k: a batch's tokens become a sum of lookups."""
+    table, power = [1.0], 1.0
+    for _ in range(cap):
+        power *= alpha
+        table.append(table[-1] + power)
+    return table
 
 
 def _row_k(alpha: float, log_alpha: float, k_cap: int, price: float, lag: float) -> int:

@@ -93,7 +93,7 @@ class SpecbatchOrder(OrderBase):
     aging: float = 0.5
     name: str = "specbatch"
     preemptive: bool = True
-    uses_starvation_guard: bool = True
+    ages_waiting_rows: bool = True
     _scales: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _scales_version: int = field(default=-1, init=False, repr=False)
 

@@ -25,7 +25,7 @@ __all__ = ["AcceptanceStats", "Fcfs", "FixedLookahead", "FixedPrefillChunk", "Lo
 class OrderPolicy(Protocol):
     name: str
     preemptive: bool
-    uses_starvation_guard: bool
+    ages_waiting_rows: bool
 
     def key(self, row: Sequence, now_s: float) -> float:
         """Static rank of a row within its class while it waits; lower runs first."""
@@ -38,7 +38,7 @@ class OrderPolicy(Protocol):
 
     def priority(self, row: Sequence, now_s: float) -> float:
         """Current rank of any row (waiting or running): class_scale · key, minus any aging credit.
-        With aging (uses_starvation_guard), the oldest waiting row is a candidate next to the class
+        With aging (ages_waiting_rows), the oldest waiting row is a candidate next to the class
         heads, so a long wait can lift a row over better-keyed ones."""
 
     def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
@@ -71,7 +71,7 @@ class OrderBase:
 
     name = "base"
     preemptive = False
-    uses_starvation_guard = False
+    ages_waiting_rows = False
 
     def key(self, row: Sequence, now_s: float) -> float:
         raise NotImplementedError

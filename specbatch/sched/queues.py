@@ -34,7 +34,7 @@ class WaitQueue:
     def push(self, row: Sequence, now_s: float) -> None:
         entry = [self.order.key(row, now_s), next(self._counter), row, True]
         heapq.heappush(self._heaps.setdefault(self.order.class_of(row), []), entry)
-        if self.order.uses_starvation_guard:
+        if self.order.ages_waiting_rows:
             heapq.heappush(self._by_arrival, (row.arrival_s, entry[_COUNTER], entry))
         self._size += 1
 
@@ -54,7 +54,7 @@ class WaitQueue:
         heads = [(cls, entry) for cls, heap in self._heaps.items() if (entry := _head(heap, _entry))]
         if not heads:
             return None
-        if not self.order.uses_starvation_guard:
+        if not self.order.ages_waiting_rows:
             scale = self.order.class_scale
             return min(heads, key=lambda item: (scale(item[0]) * item[1][_KEY], item[1][_COUNTER]))[1]
         candidates = [entry for _, entry in heads] + [_head(self._by_arrival, _arrival_entry)[2]]

@@ -100,7 +100,7 @@ class Scheduler:
             if self._can_admit(row, need):
                 self._admit(self.waiting.pop(now_s), need, now_s, result)
                 continue
-            if (num_priority_preemptions >= self.limits.max_preemptions_per_round
+            if (not self.order.preemptive or num_priority_preemptions >= self.limits.max_preemptions_per_round
                     or not self._fits_round_time(row)):
                 break  # preempting frees slots and KV, not round time
             victim = self._priority_victim(row, need, now_s, result.admitted)
