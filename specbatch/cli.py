@@ -256,8 +256,20 @@ def bench(
     config: Annotated[Path | None, typer.Option(help="job config YAML")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
     assisted_prompts: Annotated[int | None, typer.Option(help="prompts for hf-assisted (slow, batch 1)")] = None,
+    suite: Annotated[str, typer.Option(help="engine (vs HF) or policies")] = "engine",
 ) -> None:
-    """Benchmark specbatch against HF generate and HF assisted generation, side by side."""
+    """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
+    if suite == "policies":
+        from specbatch.bench_policies import run_policy_suite
+        from specbatch.config import load_config
+
+        try:
+            run_policy_suite(load_config(config, set_), json_path=json_path, num_prompts=prompts, console=console)
+        except _usage_errors() as error:
+            _fail(str(error))
+        return
+    if suite != "engine":
+        _fail("--suite must be engine or policies")
     from specbatch.bench import run_bench, write_json
 
     try:
