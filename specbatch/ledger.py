@@ -8,7 +8,7 @@ only count a part whose results file exists. Every part writes all four files, e
 that `read_parquet('JOB/<table>/*.parquet')` finds a file for every table of a job that committed
 anything.
 
-Column names equal the field names of `specbatch.engine.records`; the ledger adds none.
+Column names equal the field names of `specbatch.records`; the ledger adds none.
 """
 
 from __future__ import annotations

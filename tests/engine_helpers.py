@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from specbatch.config import load_config
-from specbatch.engine.build import build_engine, generate, load_models
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import build_hf_engine, load_models
+from specbatch.loop import MemoryRecorder, generate
 
 
 @dataclass
 class MixedLookahead:
-    """Test policy: each row gets a k from a fixed cycle, so one batch mixes k = 0..8."""
+    """Test policy: rows get k from a fixed cycle in the order they are first seen, so one batch
+    mixes k = 0..8, the same in every process (no `hash()`, which PYTHONHASHSEED changes)."""
 
     cycle: tuple[int, ...] = (0, 3, 8, 1, 5, 2)
     name: str = "mixed"
+    assigned: dict[str, int] = field(default_factory=dict)
 
     def choose(self, rows, caps):
-        return [min(self.cycle[hash(r.request_id) % len(self.cycle)], cap) for r, cap in zip(rows, caps)]
+        for row in rows:
+            self.assigned.setdefault(row.request_id, self.cycle[len(self.assigned) % len(self.cycle)])
+        return [min(self.assigned[r.request_id], cap) for r, cap in zip(rows, caps, strict=True)]
 
 
 def tiny_config(pair, *overrides: str):
@@ -41,10 +45,10 @@ def random_prompts(tokenizer, n: int, seed: int = 0, max_len: int = 40) -> list[
 def run_engine(config, requests, lookahead=None, models=None, **params):
     models = models or load_models(config)
     recorder = MemoryRecorder()
-    engine = build_engine(config, models, recorder)
+    engine = build_hf_engine(config, models, recorder)
     if lookahead is not None:
         engine.scheduler.lookahead = lookahead
-    rows = [Sequence(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, **params))
+    rows = [Row(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, **params))
             for i, (prompt, max_new) in enumerate(requests)]
     return generate(engine, rows), recorder, engine
 

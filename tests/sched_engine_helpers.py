@@ -1,24 +1,30 @@
-"""Helpers for scheduler tests: a model-free round loop on a virtual clock (what the backend and the
-round loop do to rows, with acceptance drawn per row), hand-made rows, and engine runs per policy."""
+"""Helpers for scheduler tests: hand-made rows, a scheduler from policy names, and the real round
+loop over the simulated backend (a virtual clock, acceptance drawn per row with its own α)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specbatch.engine.sequence import SamplingParams, Sequence, Status
+from specbatch.core import RoundPlan, Row, SamplingParams
+from specbatch.loop import Engine, MemoryRecorder
+from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sched.factory import make_lookahead, make_order, make_prefill_chunk
 from specbatch.sched.roundcost import RoundCostModel
 from specbatch.sched.scheduler import Scheduler, SchedulerLimits
+from specbatch.sched.stops import StopChecker
+from specbatch.sim.acceptance import accepted_prefix
+from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
 
 
 def make_row(request_id: str, num_prompt: int = 8, max_new: int = 32, domain: str = "", arrival_s: float = 0.0,
-             history: list[tuple[int, int]] | None = None, num_output: int = 0) -> Sequence:
+             history: list[tuple[int, int]] | None = None, num_output: int = 0) -> Row:
     """A hand-made row; with num_output, its prompt and output are fully computed (decoding)."""
-    row = Sequence(request_id, list(range(2, 2 + num_prompt)), SamplingParams(max_new_tokens=max_new),
+    row = Row(request_id, list(range(2, 2 + num_prompt)), SamplingParams(max_new_tokens=max_new),
                    domain=domain, arrival_s=arrival_s)
     row.output_ids = [7] * num_output
     row.accept_history = list(history or [])
@@ -43,66 +49,54 @@ def make_scheduler(order: str = "fcfs", lookahead: str = "fixed:4", prefill: str
 
 
 @dataclass
-class FakeLoop:
-    """Plan → emulate the backend and the loop's commit → finish, on a virtual clock advanced by the
-    predicted round time. Each row accepts each draft with its own α until the first rejection and
-    stops at its true length (an EOS) or max_new_tokens. `check` runs after every plan."""
+class RowAlphas:
+    """Acceptance model: each request accepts each draft with its own α (default 0.5)."""
+
+    alphas: dict[str, float] = field(default_factory=dict)
+
+    def num_accepted(self, request_id: str, domain: str, position: int, k: int, rng: random.Random) -> int:
+        return accepted_prefix(self.alphas.get(request_id, 0.5), k, rng)
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+@dataclass
+class SimLoop:
+    """The real `Engine` over `SimBackend` for a hand-built scheduler: rounds take the demo cost
+    model's time, a row stops at its true length (an EOS) or max_new_tokens. `check(scheduler,
+    plan)` runs after every plan."""
 
     scheduler: Scheduler
+    seed: int = 0
     alphas: dict[str, float] = field(default_factory=dict)
     true_lengths: dict[str, int] = field(default_factory=dict)
-    seed: int = 0
-    now_s: float = 0.0
-    finished: list[Sequence] = field(default_factory=list)
-    num_rounds: int = 0
+    finished: list[Row] = field(default_factory=list)
+    outputs: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
-    def add(self, row: Sequence) -> None:
-        row.arrival_s = row.arrival_s or self.now_s
-        self.scheduler.add(row, row.arrival_s)
+    def __post_init__(self) -> None:
+        limits = self.scheduler.limits
+        self.clock = VirtualClock()
+        backend = SimBackend(CPU_DEMO_PROFILE, RowAlphas(self.alphas), self.clock, ShapeBuckets(),
+                             limits.max_context + limits.max_lookahead + 1, "draft", self.outputs, self.seed)
+        stops = StopChecker({SIM_EOS_TOKEN_ID}, sim_decode, limits.max_context)
+        self.engine = Engine(self.scheduler, backend, stops, MemoryRecorder(), clock=self.clock)
 
-    def run(self, max_rounds: int = 100_000, check=None) -> None:
-        rng = random.Random(self.seed)
-        while self.scheduler.has_work and self.num_rounds < max_rounds:
-            self.step(rng, check)
+    def add(self, row: Row) -> None:
+        true_length = self.true_lengths.get(row.request_id, row.params.max_new_tokens)
+        self.outputs[row.request_id] = (min(true_length, row.params.max_new_tokens),
+                                        true_length < row.params.max_new_tokens)
+        self.engine.add(row)
 
-    def step(self, rng: random.Random, check=None) -> None:
-        scheduler = self.scheduler
-        plan, admission = scheduler.plan(self.now_s)
-        for row in admission.admitted:
-            row.num_computed = row.num_draft_computed = 0
-        self.finished.extend(admission.dropped)
+    def run(self, max_rounds: int = 100_000, check: Callable[[Scheduler, RoundPlan], None] | None = None) -> None:
         if check is not None:
-            check(scheduler, plan)
-        self.now_s += scheduler.ctx.round_cost.round_ms(plan.decode, plan.prefill) / 1000
-        self.num_rounds += 1
-        for row, size in plan.prefill:
-            row.num_computed += size
-            row.num_draft_computed = row.num_computed
-        for row, k in plan.decode:
-            self._verify(row, k, rng)
-        for row, _ in plan.decode:
-            if row.status is Status.COMPLETED:
-                row.finished_s = self.now_s
-                scheduler.finish(row)
-                self.finished.append(row)
+            plan = self.scheduler.plan
 
-    def _verify(self, row: Sequence, k: int, rng: random.Random) -> None:
-        alpha = self.alphas.get(row.request_id, 0.5)
-        accepted = 0
-        while accepted < k and rng.random() < alpha:
-            accepted += 1
-        before = row.num_tokens
-        row.num_computed = before + accepted
-        if k:
-            row.num_draft_computed = min(row.num_draft_computed, before) + accepted
-            row.accept_history.append((accepted, k))
-            row.num_proposed += k
-            self.scheduler.stats.observe(row.domain, k, accepted)
-        row.last_k = k
-        row.num_rounds += 1
-        limit = min(row.params.max_new_tokens, self.true_lengths.get(row.request_id, row.params.max_new_tokens))
-        for _ in range(accepted + 1):
-            row.output_ids.append(9)
-            if row.num_output_tokens >= limit:
-                row.status = Status.COMPLETED
-                break
+            def checked_plan(now_s: float):
+                result = plan(now_s)
+                check(self.scheduler, result[0])
+                return result
+
+            self.scheduler.plan = checked_plan  # type: ignore[method-assign]
+        while self.scheduler.has_work and self.engine.num_rounds < max_rounds:
+            self.finished.extend(self.engine.step())

@@ -10,12 +10,12 @@ import sys
 import pytest
 from engine_helpers import greedy_reference
 
-from specbatch.bench import heldout_prompts
 from specbatch.config import JobConfig
-from specbatch.engine.build import build_engine, generate, load_models
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import build_hf_engine, load_models
 from specbatch.engine.loading import BUNDLED_DIR
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.lab.bench import heldout_prompts
+from specbatch.loop import MemoryRecorder, generate
 
 pytestmark = pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
 
@@ -35,8 +35,8 @@ def test_models_path_prints_bundled_directories():
 def test_bundled_pair_is_exact_and_the_draft_is_accepted(bundled):
     prompts = heldout_prompts(bundled.tokenizer, 8, 32)
     recorder = MemoryRecorder()
-    engine = build_engine(JobConfig(), bundled, recorder)
-    rows = [Sequence(p.request_id, list(p.token_ids), SamplingParams(max_new_tokens=p.max_new_tokens), p.domain)
+    engine = build_hf_engine(JobConfig(), bundled, recorder)
+    rows = [Row(p.request_id, list(p.token_ids), SamplingParams(max_new_tokens=p.max_new_tokens), p.domain)
             for p in prompts]
     generate(engine, rows)
     eos, pad = bundled.tokenizer.eos_token_id, bundled.tokenizer.pad_token_id

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from specbatch.processes import free_port, stop_groups
+from specbatch.job.processes import free_port, stop_groups
 
 pytestmark = pytest.mark.deployment
 

@@ -57,13 +57,13 @@ def test_rows_join_and_leave_mid_run(tiny_pair, references):
     """Continuous batching: few slots, and new requests arrive while others run."""
     requests, refs = references
     config = tiny_config(tiny_pair, "scheduler.max_batch_rows=3", "scheduler.prefill_chunk=fixed:5")
-    from specbatch.engine.build import build_engine as build
-    from specbatch.engine.loop import MemoryRecorder as Recorder
-    from specbatch.engine.sequence import SamplingParams, Sequence
+    from specbatch.core import Row, SamplingParams
+    from specbatch.engine.build import build_hf_engine as build
+    from specbatch.loop import MemoryRecorder as Recorder
 
     models = load_models(config)
     engine = build(config, models, Recorder())
-    rows = [Sequence(f"r{i}", p, SamplingParams(max_new_tokens=m)) for i, (p, m) in enumerate(requests[:12])]
+    rows = [Row(f"r{i}", p, SamplingParams(max_new_tokens=m)) for i, (p, m) in enumerate(requests[:12])]
     for row in rows[:4]:
         engine.add(row)
     for round_index in range(200):

@@ -16,7 +16,7 @@ from prefect.artifacts import Artifact
 from prefect.testing.utilities import prefect_test_harness
 
 from specbatch.config import load_config
-from specbatch.flow import (
+from specbatch.job.flow import (
     UNUSABLE_INPUT,
     LocalHooks,
     finalize_job,
@@ -25,8 +25,8 @@ from specbatch.flow import (
     run_workers,
     specbatch_job,
 )
+from specbatch.job.prefect_local import local_prefect_env
 from specbatch.ledger import read_table
-from specbatch.prefect_local import local_prefect_env
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "Speculative decoding proposes"]
 

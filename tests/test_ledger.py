@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from specbatch import ledger
-from specbatch.engine.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
+from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
 
 RECORDS = {"rounds": RoundRecord, "steps": StepRecord, "requests": RequestRecord, "results": ResultRecord}
 ARROW_OF_ANNOTATION = {  # records.py annotation -> (Arrow type, nullable)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specbatch.sim.littles_law import (
+from specbatch.lab.littles_law import (
     LatencyModel,
     latency_curve,
     plain_model,

@@ -12,7 +12,7 @@ import pytest
 
 from specbatch.config import JobConfig
 from specbatch.data.shards import ShardInfo
-from specbatch.manifest import (
+from specbatch.job.manifest import (
     Manifest,
     ManifestError,
     fingerprint,
@@ -118,5 +118,5 @@ def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
 
 
 def test_manifest_does_not_import_torch() -> None:
-    code = "import sys, specbatch.manifest; assert 'torch' not in sys.modules"
+    code = "import sys, specbatch.job.manifest; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specbatch.sim.queue_lab import FluidBacklog, format_queue_lab, queue_lab_report
+from specbatch.lab.queue_lab import FluidBacklog, format_queue_lab, queue_lab_report
 
 KEYS = {"model", "arrival", "service", "initial_backlog", "rate_of_change", "drain_time_s", "series"}
 

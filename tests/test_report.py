@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 
 from specbatch import ledger, report
-from specbatch.engine.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
+from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
 
 # ---------------------------------------------------------------- a fake engine writing real parts
 
@@ -632,8 +632,9 @@ def real_jobs(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> list[Path]
     """Two small real jobs (draft-model speculation and none) run by the engine on the tiny pair."""
     from engine_helpers import random_prompts, tiny_config
 
-    from specbatch.engine.build import build_engine, generate, load_models
-    from specbatch.engine.sequence import SamplingParams, Sequence
+    from specbatch.core import Row, SamplingParams
+    from specbatch.engine.build import build_hf_engine, load_models
+    from specbatch.loop import generate
 
     root = tmp_path_factory.mktemp("real")
     requests = random_prompts(tiny_pair[2], 12, seed=21)
@@ -642,8 +643,8 @@ def real_jobs(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> list[Path]
         config = tiny_config(tiny_pair, f"drafter.kind={drafter}", "scheduler.max_batch_rows=5")
         job_dir = root / f"real-{drafter}"
         writer = ledger.PartWriter(job_dir, 0, "run1", every_requests=4, every_s=1e9)
-        engine = build_engine(config, load_models(config), writer)
-        generate(engine, [Sequence(f"r{i}", p, SamplingParams(max_new_tokens=m), ("code", "prose")[i % 2])
+        engine = build_hf_engine(config, load_models(config), writer)
+        generate(engine, [Row(f"r{i}", p, SamplingParams(max_new_tokens=m), ("code", "prose")[i % 2])
                           for i, (p, m) in enumerate(requests)])
         writer.flush()
         jobs.append(job_dir)
@@ -747,11 +748,11 @@ def test_report_of_a_job_with_no_rounds(tmp_path: Path) -> None:
 
 
 README_DUCKDB = (  # the command the README shows, with JOB for the job directory
-    """duckdb -cmd "SET VARIABLE job_dir = 'JOB'" -cmd ".read sql/views.sql" -csv -c ".read sql/drops.sql" """
+    """duckdb -cmd "SET VARIABLE job_dir = 'JOB'" -cmd ".read specbatch/sql/views.sql" -csv -c ".read specbatch/sql/drops.sql" """
 )
 README_PYTHON = (  # the same without the duckdb CLI binary
     """.venv/bin/python -c "from specbatch.report import connect; con = connect(['JOB']); """
-    """con.sql(open('sql/drops.sql').read()).write_csv('/dev/stdout')" """
+    """con.sql(open('specbatch/sql/drops.sql').read()).write_csv('/dev/stdout')" """
 )
 REPO = Path(__file__).resolve().parent.parent
 

@@ -62,9 +62,9 @@ def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, draft
     """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
     from engine_helpers import tiny_config
 
-    from specbatch.engine.build import build_engine, load_models
-    from specbatch.engine.loop import MemoryRecorder
-    from specbatch.engine.sequence import SamplingParams, Sequence
+    from specbatch.core import Row, SamplingParams
+    from specbatch.engine.build import build_hf_engine, load_models
+    from specbatch.loop import MemoryRecorder
 
     config = tiny_config(small_vocab_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3",
                          "scheduler.max_batch_rows=64")
@@ -78,10 +78,10 @@ def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, draft
             for t in range(vocab)
         ])
     exact = (first[:, None] * second).flatten()  # P(t1, t2)
-    engine = build_engine(config, models, MemoryRecorder())
+    engine = build_hf_engine(config, models, MemoryRecorder())
     engine.stops.eos_token_ids = set()
     trials = 3000
-    rows = [Sequence(f"s{i}", prompt, SamplingParams(max_new_tokens=2, temperature=temperature, top_p=top_p, seed=i))
+    rows = [Row(f"s{i}", prompt, SamplingParams(max_new_tokens=2, temperature=temperature, top_p=top_p, seed=i))
             for i in range(trials)]
     for row in rows:
         engine.add(row)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_engine_helpers import FakeLoop, make_row, make_scheduler
+from sched_engine_helpers import SimLoop, make_row, make_scheduler
 
-from specbatch.engine.sequence import Status
+from specbatch.core import Status
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.capacity import KVBudget
 
@@ -38,7 +38,7 @@ def kv_invariants(scheduler, plan) -> None:
 def test_kv_never_exceeds_capacity(requests, capacity, order, admission, lookahead, max_tokens):
     scheduler = make_scheduler(order, lookahead, "deadline", capacity=capacity, max_rows=6, max_tokens=max_tokens,
                                max_context=256, max_lookahead=3, admission=admission)
-    loop = FakeLoop(scheduler, seed=len(requests))
+    loop = SimLoop(scheduler, seed=len(requests))
     rows = []
     for i, (num_prompt, max_new, alpha) in enumerate(requests):
         row = make_row(f"r{i}", num_prompt, max_new, domain="ab"[i % 2])

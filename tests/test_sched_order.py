@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from sched_engine_helpers import FakeLoop, make_row, make_scheduler
+from sched_engine_helpers import SimLoop, make_row, make_scheduler
 
 from specbatch.sched.context import SchedContext
 from specbatch.sched.factory import make_order
@@ -124,10 +124,10 @@ def test_preemptive_order_swaps_a_long_running_row_for_a_short_waiting_one():
 
 @pytest.mark.parametrize("order", ["laps-sd", "specbatch"])
 def test_speculation_aware_orders_beat_fcfs_on_mean_completion(order):
-    """A code + prose mix on the fake loop: code drafts well and stops early, prose does neither."""
+    """A code + prose mix on the simulated loop: code drafts well and stops early, prose does neither."""
     def mean_completion(name: str) -> float:
         scheduler = make_scheduler(name, "fixed:4", max_rows=4, max_tokens=512)
-        loop = FakeLoop(scheduler, seed=3)
+        loop = SimLoop(scheduler, seed=3)
         for i in range(40):
             domain = "code" if i % 2 else "prose"
             row = make_row(f"r{i}", num_prompt=16, max_new=40 + (i * 37) % 200, domain=domain)

@@ -9,8 +9,8 @@ import torch
 from engine_helpers import random_prompts, run_engine, tiny_config
 
 from specbatch.config import load_config
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.core import Row, SamplingParams
+from specbatch.loop import MemoryRecorder
 from specbatch.sched.costmodel import CostModel
 from specbatch.sim.acceptance import DomainAcceptance, ReplayAcceptance
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID
@@ -23,7 +23,7 @@ HOST_TIMES = {"plan_ms", "commit_ms", "prefill_ms", "draft_ms", "verify_ms", "ro
 
 def sim_run(config, rows, outputs, acceptance, cost=COST):
     recorder = MemoryRecorder()
-    engine, _, clock = build_sim_engine(config, cost, acceptance, outputs, recorder)
+    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder)
     for row in rows:
         engine.add(row)
     engine.run()
@@ -68,7 +68,7 @@ def test_rounds_match_the_real_backend(tiny_pair, draft_is_target, one_thread):
         histories.setdefault(step.request_id, []).append((step.num_accepted, step.num_proposed))
         starts.setdefault(step.request_id, []).append(step.num_output_tokens - step.num_committed)
     outputs = {rid: (row.num_output_tokens, row.finish_reason == "eos") for rid, row in real_rows.items()}
-    rows = [Sequence(f"r{i}", prompt, SamplingParams(max_new_tokens=m)) for i, (prompt, m) in enumerate(requests)]
+    rows = [Row(f"r{i}", prompt, SamplingParams(max_new_tokens=m)) for i, (prompt, m) in enumerate(requests)]
     sim, _ = sim_run(config, rows, outputs, ReplayAcceptance(histories, starts))
     assert [counters(r) for r in sim.rounds] == [counters(r) for r in real.rounds]
     times = {"arrival_s": 0, "admitted_s": 0, "first_token_s": 0, "finished_s": 0}
@@ -78,8 +78,8 @@ def test_rounds_match_the_real_backend(tiny_pair, draft_is_target, one_thread):
 
 def test_eos_length_and_virtual_clock():
     config = load_config(None, ["capacity.max_context=64", "scheduler.lookahead=fixed:4", "buckets.kv_len_multiple=8"])
-    rows = [Sequence("eos", [1] * 5, SamplingParams(max_new_tokens=20)),
-            Sequence("len", [1] * 3, SamplingParams(max_new_tokens=7))]
+    rows = [Row("eos", [1] * 5, SamplingParams(max_new_tokens=20)),
+            Row("len", [1] * 3, SamplingParams(max_new_tokens=7))]
     outputs = {"eos": (6, True), "len": (7, False)}
     recorder, clock = sim_run(config, rows, outputs, DomainAcceptance({"*": (1.0, 1.0)}))
     eos, length = rows
@@ -99,7 +99,7 @@ def test_eos_length_and_virtual_clock():
 
 def test_plain_decoding_has_no_draft_work():
     config = load_config(None, ["capacity.max_context=64", "drafter.kind=none"])
-    rows = [Sequence(f"p{i}", [1] * 4, SamplingParams(max_new_tokens=5)) for i in range(3)]
+    rows = [Row(f"p{i}", [1] * 4, SamplingParams(max_new_tokens=5)) for i in range(3)]
     recorder, _ = sim_run(config, rows, {r.request_id: (5, True) for r in rows}, DomainAcceptance({"*": (0.9, 5.0)}))
     assert all(r.num_draft_rows == r.num_draft_passes == r.num_proposed == 0 for r in recorder.rounds)
     assert sum(r.num_committed for r in recorder.rounds) == 15
@@ -117,7 +117,7 @@ def test_inline_domain_draws_equal_the_acceptance_model():
     domains = {"*": (0.7, 4.0), "edge": (1.0, 1.0)}
     runs = []
     for model in (DomainAcceptance(domains), Generic(domains)):
-        rows = [Sequence(f"q{i}", [1] * (3 + i), SamplingParams(max_new_tokens=30), domain="edge" if i == 0 else "x")
+        rows = [Row(f"q{i}", [1] * (3 + i), SamplingParams(max_new_tokens=30), domain="edge" if i == 0 else "x")
                 for i in range(9)]
         recorder, _ = sim_run(config, rows, {r.request_id: (20 + i, i % 2 == 0) for i, r in enumerate(rows)}, model)
         runs.append([counters(r) for r in recorder.rounds])

@@ -17,18 +17,18 @@ from rich.console import Console
 
 from specbatch import ledger
 from specbatch.config import load_config
-from specbatch.engine.build import build_engine, load_models
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import build_hf_engine, load_models
+from specbatch.lab.calibrate import calibrate
+from specbatch.lab.compare import parse_acceptance, policy_config, simulate_policies
+from specbatch.lab.littles_check import overlay
+from specbatch.loop import MemoryRecorder
 from specbatch.report import build_report
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sim.acceptance import DomainAcceptance, ReplayAcceptance
 from specbatch.sim.arrivals import Poisson
-from specbatch.sim.calibrate import calibrate, recorded_requests
-from specbatch.sim.compare import parse_acceptance, policy_config, simulate_policies
-from specbatch.sim.littles_check import overlay
 from specbatch.sim.run import SimOptions, simulate
-from specbatch.sim.workload import DomainMix, LogNormalLength, UniformLength, Workload
+from specbatch.sim.workload import DomainMix, LogNormalLength, UniformLength, Workload, recorded_requests
 
 HOST_COLUMNS = {"plan_ms", "commit_ms"}  # real measurements of the scheduler and commit code
 
@@ -121,14 +121,14 @@ def run_real_job(pair, job_dir, num_requests: int, *overrides: str):
     """The real engine on the tiny pair, warmed up, then recorded through PartWriter like a worker."""
     config = tiny_config(pair, *overrides)
     models = load_models(config)
-    warmup = build_engine(config, models, MemoryRecorder())
+    warmup = build_hf_engine(config, models, MemoryRecorder())
     for i, (prompt, max_new) in enumerate(random_prompts(pair[2], 4, seed=99)):
-        warmup.add(Sequence(f"w{i}", prompt, SamplingParams(max_new_tokens=max_new)))
+        warmup.add(Row(f"w{i}", prompt, SamplingParams(max_new_tokens=max_new)))
     warmup.run()
     writer = ledger.PartWriter(job_dir, 0, "real", every_requests=10**6, durable=False)
-    engine = build_engine(config, models, writer)
+    engine = build_hf_engine(config, models, writer)
     for i, (prompt, max_new) in enumerate(random_prompts(pair[2], num_requests, seed=11)):
-        engine.add(Sequence(f"r{i:03d}", prompt, SamplingParams(max_new_tokens=max_new), domain="code"))
+        engine.add(Row(f"r{i:03d}", prompt, SamplingParams(max_new_tokens=max_new), domain="code"))
     engine.run()
     writer.flush()
     return config

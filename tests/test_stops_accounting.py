@@ -7,9 +7,9 @@ from collections import defaultdict
 import pytest
 from engine_helpers import greedy_reference, random_prompts, run_engine, tiny_config
 
-from specbatch.engine.build import build_engine, load_models
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import build_hf_engine, load_models
+from specbatch.loop import MemoryRecorder
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,9 @@ def test_eos_inside_accepted_block_truncates(tiny_pair, identical_draft_config):
     prompt = random_prompts(tokenizer, 1, seed=11, max_len=10)[0][0]
     ref = greedy_reference(models.target, prompt, 20, tokenizer.eos_token_id, tokenizer.pad_token_id)
     stop_token = ref[3]
-    engine = build_engine(identical_draft_config, models, MemoryRecorder())
+    engine = build_hf_engine(identical_draft_config, models, MemoryRecorder())
     engine.stops.eos_token_ids = {stop_token}
-    row = Sequence("a", prompt, SamplingParams(max_new_tokens=20))
+    row = Row("a", prompt, SamplingParams(max_new_tokens=20))
     engine.add(row)
     engine.run()
     cut = ref.index(stop_token) + 1
@@ -44,8 +44,8 @@ def test_stop_string_inside_accepted_block(tiny_pair, identical_draft_config):
     ref = greedy_reference(models.target, prompt, 24, tokenizer.eos_token_id, tokenizer.pad_token_id)
     full_text = tokenizer.decode(ref, skip_special_tokens=True)
     stop = tokenizer.decode(ref[4:6], skip_special_tokens=True)
-    engine = build_engine(identical_draft_config, models, MemoryRecorder())
-    row = Sequence("b", prompt, SamplingParams(max_new_tokens=24, stop=(stop,)))
+    engine = build_hf_engine(identical_draft_config, models, MemoryRecorder())
+    row = Row("b", prompt, SamplingParams(max_new_tokens=24, stop=(stop,)))
     engine.add(row)
     engine.run()
     first_hit = next(i for i in range(1, len(ref) + 1) if stop in tokenizer.decode(ref[:i], skip_special_tokens=True))

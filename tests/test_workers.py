@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from specbatch.config import load_config
-from specbatch.flow import run_workers
-from specbatch.job import prepare
-from specbatch.launch import WorkerGroupError, choose_launcher, launch_workers, worker_commands
+from specbatch.job.flow import run_workers
+from specbatch.job.launch import WorkerGroupError, choose_launcher, launch_workers, worker_commands
+from specbatch.job.manifest import load_manifest
+from specbatch.job.prepare import prepare
 from specbatch.ledger import parse_part_name, read_table
-from specbatch.manifest import load_manifest
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "Speculative decoding proposes"]
 
@@ -87,7 +87,7 @@ def _worker_pid(job_dir: Path, rank: str, timeout_s: float = 120.0) -> int:
         for process in psutil.process_iter(["cmdline"]):
             try:
                 cmdline = process.info["cmdline"] or []
-                if "specbatch.worker" in cmdline and str(job_dir) in cmdline and process.environ().get("RANK") == rank:
+                if "specbatch.job.worker" in cmdline and str(job_dir) in cmdline and process.environ().get("RANK") == rank:
                     return process.pid
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

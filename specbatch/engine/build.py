@@ -1,4 +1,5 @@
-"""Assemble an engine (models, caches, drafter, backend, scheduler, stops) from a job config."""
+"""The real backend from a job config: models, slot caches, drafter, and the limits they fix; the
+engine around it is `loop.build_engine`, the same as the simulator's."""
 
 from __future__ import annotations
 
@@ -17,11 +18,10 @@ from specbatch.engine.loading import (
     load_model,
     load_tokenizer,
 )
-from specbatch.engine.loop import Engine, Recorder
 from specbatch.engine.slot_cache import SlotCache
-from specbatch.engine.stops import StopChecker
+from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.factory import make_scheduler, max_lookahead
+from specbatch.sched.factory import max_lookahead
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _slot_cache(model: torch.nn.Module, num_slots: int, slot_len: int) -> SlotCa
                      model.dtype, device, shape.value_head_dim)
 
 
-def build_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0) -> Engine:
+def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimits]:
     k_max = max_lookahead(config)
     context = max_context(config, models)
     slot_len = context + k_max + 1
@@ -91,24 +91,24 @@ def build_engine(config: JobConfig, models: Models, recorder: Recorder, worker_i
     mask_dtype = None if config.models.attn_implementation == "sdpa" else models.target.dtype
     vocab_size = models.target.get_output_embeddings().weight.shape[0]
     drafter: Drafter
+    draft_cache = None
     if config.drafter.kind == "draft":
-        drafter = DraftModelDrafter(models.draft, _slot_cache(models.draft, num_slots, slot_len), vocab_size,
-                                    mask_dtype, num_slots - 1, buckets.kv_len_multiple)
+        assert models.draft is not None
+        draft_cache = _slot_cache(models.draft, num_slots, slot_len)
+        drafter = DraftModelDrafter(models.draft, draft_cache, vocab_size, mask_dtype, num_slots - 1, buckets)
     elif config.drafter.kind == "ngram":
         drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
     else:
         drafter = NoDrafter()
     backend = HFBackend(models.target, _slot_cache(models.target, num_slots, slot_len), drafter, buckets,
-                        vocab_size, mask_dtype, config.seed)
-    scheduler = make_scheduler(config, kv_capacity_tokens(config, models, slot_len), context)
-    decode = lambda ids: models.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    stops = StopChecker(eos_token_ids(models), decode, context)
-    return Engine(scheduler, backend, stops, recorder, worker_id)
+                        vocab_size, mask_dtype, config.seed, draft_cache)
+    tokenizer = models.tokenizer
+    limits = EngineLimits(context, kv_capacity_tokens(config, models, slot_len), frozenset(eos_token_ids(models)),
+                          lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    return backend, limits
 
 
-def generate(engine: Engine, rows: list) -> dict[str, object]:
-    """Run rows to completion on an engine; returns them by request id (tests, benchmarks)."""
-    for row in rows:
-        engine.add(row)
-    engine.run()
-    return {row.request_id: row for row in rows}
+def build_hf_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0) -> Engine:
+    """The engine of one worker on real models."""
+    backend, limits = hf_backend(config, models)
+    return build_engine(config, backend, limits, recorder, worker_id)

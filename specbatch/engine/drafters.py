@@ -7,25 +7,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
 
-from specbatch.engine.forward import PassShape, forward_rows
+from specbatch.core import PassShape, Proposals, Row
+from specbatch.engine.forward import forward_rows
 from specbatch.engine.sampling import sample, warp
-from specbatch.engine.sequence import Sequence
 from specbatch.engine.slot_cache import SlotCache
-
-
-@dataclass
-class Proposals:
-    tokens: list[list[int]]  # per row, at most its k
-    draft_probs: list[torch.Tensor | None]  # per row [len(tokens), vocab] warped q, None = point mass
-    num_draft_rows: int = 0
-    num_padded_draft_rows: int = 0
-    num_passes: int = 0
-    shapes: list[PassShape] = field(default_factory=list)
+from specbatch.sched.buckets import ShapeBuckets
 
 
 class Drafter(Protocol):
@@ -34,24 +25,21 @@ class Drafter(Protocol):
     def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
         """Fill the drafter's cache alongside the target's prefill chunks (no-op without a model)."""
 
-    def propose(self, rows: list[Sequence], ks: list[int], generators: dict[str, torch.Generator]) -> Proposals:
-        """Draft up to ks[i] tokens for rows[i]; rows with k = 0 get none."""
-
-    def after_accept(self, row: Sequence, num_tokens_before: int, num_accepted: int) -> None:
-        """Roll back draft state past the accepted prefix (rejected positions become invalid)."""
+    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+                generators: Mapping[str, torch.Generator]) -> Proposals:
+        """Draft up to ks[i] tokens for rows[i]; rows with k = 0 get none. `starts[i]` is how many
+        of the row's tokens the draft cache in `slots[i]` holds; the drafter feeds it the rest."""
 
 
 class NoDrafter:
     uses_model = False
 
-    def prefill(self, slots, num_computed, chunks):
+    def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
         return None
 
-    def propose(self, rows, ks, generators):
-        return Proposals([[] for _ in rows], [None for _ in rows])
-
-    def after_accept(self, row, num_tokens_before, num_accepted):
-        pass
+    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+                generators: Mapping[str, torch.Generator]) -> Proposals:
+        return Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows])
 
 
 class NgramDrafter(NoDrafter):
@@ -61,9 +49,10 @@ class NgramDrafter(NoDrafter):
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    def propose(self, rows, ks, generators):
-        tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks)]
-        return Proposals(tokens, [None for _ in rows])
+    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+                generators: Mapping[str, torch.Generator]) -> Proposals:
+        tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
+        return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
 
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         for n in range(min(self.ngram_max, len(token_ids) - 1), self.ngram_min - 1, -1):
@@ -84,39 +73,39 @@ class DraftModelDrafter:
         vocab_size: int,
         mask_dtype: torch.dtype | None,
         scratch_slot: int,
-        kv_len_multiple: int,
+        buckets: ShapeBuckets,
     ) -> None:
         self.model, self.cache, self.vocab_size = model, cache, vocab_size
-        self.mask_dtype, self.scratch_slot, self.kv_len_multiple = mask_dtype, scratch_slot, kv_len_multiple
+        self.mask_dtype, self.scratch_slot, self.buckets = mask_dtype, scratch_slot, buckets
 
-    def _forward(self, slots, num_computed, chunks, keep_logits=True):
+    def _forward(self, slots: list[int], num_computed: list[int], chunks: list[list[int]],
+                 keep_logits: bool = True) -> tuple[torch.Tensor | None, PassShape]:
         query_len = max(len(chunk) for chunk in chunks)
         return forward_rows(
             self.model, self.cache, slots, num_computed, chunks, query_len, len(slots),
-            self.kv_len_multiple, self.mask_dtype, self.scratch_slot, keep_logits,
+            self.buckets, self.mask_dtype, self.scratch_slot, keep_logits,
         )
 
-    def prefill(self, slots, num_computed, chunks):
+    def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
         return self._forward(slots, num_computed, chunks, keep_logits=False)[1]
 
-    def propose(self, rows, ks, generators):
-        proposals = Proposals([[] for _ in rows], [None for _ in rows])
+    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+                generators: Mapping[str, torch.Generator]) -> Proposals:
+        proposals = Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows])
+        fed_to = list(starts)  # per row: positions the draft cache holds
         q_rows: list[list[torch.Tensor]] = [[] for _ in rows]
         active = [i for i, k in enumerate(ks) if k > 0]
         step = 0
         while active:
             # step 0 catches the draft cache up (pending token, and any lag); later steps feed the last draft
-            chunks = [
-                rows[i].token_ids[rows[i].num_draft_computed :] if step == 0 else proposals.tokens[i][-1:]
-                for i in active
-            ]
-            starts = [rows[i].num_draft_computed for i in active]
-            logits, shape = self._forward([rows[i].slot for i in active], starts, chunks)
+            chunks = [rows[i].token_ids[fed_to[i] :] if step == 0 else proposals.tokens[i][-1:] for i in active]
+            logits, shape = self._forward([slots[i] for i in active], [fed_to[i] for i in active], chunks)
+            assert logits is not None
             last = logits[torch.arange(len(active)), torch.tensor([len(c) - 1 for c in chunks])]  # [rows, vocab]
             last = self._to_target_vocab(last)
             for row_index, i in enumerate(active):
-                rows[i].num_draft_computed += len(chunks[row_index])
-                rows[i].num_draft_rows += len(chunks[row_index])
+                fed_to[i] += len(chunks[row_index])
+                proposals.num_fed[i] += len(chunks[row_index])
                 token, q = self._pick(rows[i], last[row_index], generators)
                 proposals.tokens[i].append(token)
                 if q is not None:
@@ -124,7 +113,6 @@ class DraftModelDrafter:
             proposals.num_draft_rows += shape.num_real_positions
             proposals.num_padded_draft_rows += shape.num_padded_positions
             proposals.num_passes += 1
-            proposals.shapes.append(shape)
             active = [i for i in active if len(proposals.tokens[i]) < ks[i]]
             step += 1
         for i, row in enumerate(rows):
@@ -139,11 +127,9 @@ class DraftModelDrafter:
         pad = logits.new_full((logits.shape[0], self.vocab_size - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _pick(self, row: Sequence, logits: torch.Tensor, generators) -> tuple[int, torch.Tensor | None]:
+    def _pick(self, row: Row, logits: torch.Tensor, generators: Mapping[str, torch.Generator]
+              ) -> tuple[int, torch.Tensor | None]:
         if row.params.is_greedy:
             return int(logits.argmax()), None
         q = warp(logits[None], row.params.temperature, row.params.top_p)[0]
         return sample(q, generators[row.request_id]), q
-
-    def after_accept(self, row, num_tokens_before, num_accepted):
-        row.num_draft_computed = min(row.num_draft_computed, num_tokens_before + num_accepted)

@@ -7,32 +7,11 @@ Positions are always explicit per row, so learned and rotary position embeddings
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from specbatch.core import PassShape
 from specbatch.engine.slot_cache import SlotCache, causal_slot_mask
-
-
-@dataclass(frozen=True)
-class PassShape:
-    num_rows: int  # real rows
-    num_bucket_rows: int  # rows after batch padding
-    query_len: int
-    kv_len: int
-    num_real_positions: int  # Σ len(chunk)
-
-    @property
-    def num_padded_positions(self) -> int:
-        return self.num_bucket_rows * self.query_len - self.num_real_positions
-
-    @property
-    def num_kv_tokens_read(self) -> int:
-        return self.num_bucket_rows * self.kv_len
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+from specbatch.sched.buckets import ShapeBuckets
 
 
 @torch.no_grad()
@@ -44,7 +23,7 @@ def forward_rows(
     chunks: list[list[int]],
     query_len: int,
     num_bucket_rows: int,
-    kv_len_multiple: int,
+    buckets: ShapeBuckets,
     mask_dtype: torch.dtype | None,
     scratch_slot: int,
     keep_logits: bool = True,
@@ -58,7 +37,7 @@ def forward_rows(
     for row, chunk in enumerate(chunks):
         input_ids[row, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
     positions = starts[:, None] + torch.arange(query_len, device=device)  # [rows, query_len]
-    kv_len = min(round_up(int(positions.max()) + 1, kv_len_multiple), cache.max_len)
+    kv_len = buckets.kv_len(int(positions.max()) + 1, cache.max_len)
     cache.bind(all_slots, positions, kv_len)
     mask = causal_slot_mask(starts, query_len, kv_len, mask_dtype)
     output = model(

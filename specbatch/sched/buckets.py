@@ -27,8 +27,11 @@ class ShapeBuckets:
         """Smallest bucket holding the work; beyond the largest bucket the exact size is used."""
         return ShapeBucket(_round_up_to(self.batch_rows, num_rows), _round_up_to(self.query_len, query_len))
 
-    def kv_len(self, kv_len: int) -> int:
-        return -(-kv_len // self.kv_len_multiple) * self.kv_len_multiple
+    def kv_len(self, num_positions: int, max_len: int | None = None) -> int:
+        """KV length a pass attends over when its furthest row reads `num_positions` positions
+        (largest start + query length): rounded up to the multiple, capped at a slot's length."""
+        kv_len = -(-num_positions // self.kv_len_multiple) * self.kv_len_multiple
+        return kv_len if max_len is None else min(kv_len, max_len)
 
     def num_padded_rows(self, row_lengths: list[int]) -> int:
         """Positions a pass computes beyond Σ row_lengths once padded to its bucket."""

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import RoundPlan, Row
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sched.estimates import AcceptanceStats, AlphaTracker, expected_tokens
-from specbatch.sched.plan import RoundPlan
 from specbatch.sched.roundcost import RoundCostModel
 
 
@@ -31,14 +30,14 @@ class SchedContext:
         self.alphas = AlphaTracker(self.stats)
         self.recent_k = self.recent_k or float(self.max_lookahead)  # until rounds say otherwise
 
-    def alpha(self, row: Sequence) -> float:
+    def alpha(self, row: Row) -> float:
         return self.alphas.alpha(row)
 
-    def typical_k(self, row: Sequence) -> int:
+    def typical_k(self, row: Row) -> int:
         """The lookahead a row will likely get: its last k, else what rows get lately."""
         return row.last_k if row.accept_history else round(self.recent_k)
 
-    def tokens_per_round(self, row: Sequence) -> float:
+    def tokens_per_round(self, row: Row) -> float:
         return expected_tokens(self.alpha(row), self.typical_k(row))
 
     def observe_plan(self, plan: RoundPlan, num_running: int, smoothing: float = 0.2) -> None:
@@ -48,7 +47,7 @@ class SchedContext:
             mean_k = sum(k for _, k in plan.decode) / len(plan.decode)
             self.recent_k += smoothing * (mean_k - self.recent_k)
 
-    def observe_finish(self, row: Sequence) -> None:
+    def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s
         self.stats.observe_finish(row.domain, row.num_output_tokens, row.params.max_new_tokens, completion_s)
         self.alphas.forget(row)

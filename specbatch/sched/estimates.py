@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -102,17 +102,17 @@ class AlphaTracker:
     row_prior_weight: float = 4.0
     _rows: dict[str, _RowCounts] = field(default_factory=dict)
 
-    def alpha(self, row: Sequence) -> float:
+    def alpha(self, row: Row) -> float:
         counts = self._counts(row)
         return shrunk_alpha(counts.num_accepted, counts.num_rejections, self.stats.alpha(row.domain),
                             self.row_prior_weight)
 
-    def num_samples(self, row: Sequence) -> int:
+    def num_samples(self, row: Row) -> int:
         """Accepted drafts + rejections seen: the evidence behind the row's own estimate."""
         counts = self._counts(row)
         return counts.num_accepted + counts.num_rejections
 
-    def optimistic_alpha(self, row: Sequence, z: float, prior_weight: float = 8.0) -> float:
+    def optimistic_alpha(self, row: Row, z: float, prior_weight: float = 8.0) -> float:
         """Upper confidence bound α̂ + z·√(α̂(1 − α̂)/(n + w)), n the row's and its domain's samples and
         w the prior's weight in pseudo-samples: a policy that stops drafting stops learning α, so it
         acts on what α could still be (with no evidence at all, 0.5 + z·0.18)."""
@@ -120,10 +120,10 @@ class AlphaTracker:
         num = self.num_samples(row) + self.stats.num_samples(row.domain)
         return min(1.0, alpha + z * math.sqrt(alpha * (1 - alpha) / (num + prior_weight)))
 
-    def forget(self, row: Sequence) -> None:
+    def forget(self, row: Row) -> None:
         self._rows.pop(row.request_id, None)
 
-    def _counts(self, row: Sequence) -> _RowCounts:
+    def _counts(self, row: Row) -> _RowCounts:
         history = row.accept_history
         if not history:  # no entry for rows that never speculated (a million waiting rows stay free)
             return _RowCounts()

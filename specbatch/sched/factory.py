@@ -28,6 +28,7 @@ from specbatch.sched.roundcost import RoundCostModel
 from specbatch.sched.scheduler import Scheduler, SchedulerLimits
 
 ORDERS = ("fcfs", "sjf", "laps-sd", "specbatch")
+PROFILES: dict[str, CostModel] = {"cpu-demo": CPU_DEMO_PROFILE}  # named cost models
 
 
 def make_order(name: str, ctx: SchedContext | None = None) -> OrderPolicy:
@@ -69,16 +70,23 @@ def max_lookahead(config: JobConfig) -> int:
     return 0 if config.drafter.kind == "none" else config.scheduler.max_lookahead
 
 
-def load_cost_model(config: JobConfig) -> CostModel:
-    """The job's fitted cost model (`scheduler.cost_model`, from `specbatch calibrate`), else the
-    built-in CPU profile of the bundled pair."""
-    path = config.scheduler.cost_model
-    return CostModel.load(Path(path)) if path else CPU_DEMO_PROFILE
+def resolve_cost_model(spec: str | None, config: JobConfig | None = None) -> CostModel:
+    """A named profile (`cpu-demo`), a JSON file from `specbatch calibrate`, or with no spec the
+    config's `scheduler.cost_model` file, else the CPU demo profile."""
+    if spec is None:
+        path = config.scheduler.cost_model if config is not None else None
+        return CostModel.load(Path(path)) if path else CPU_DEMO_PROFILE
+    if spec in PROFILES:
+        return PROFILES[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"cost model {spec!r} is neither a profile ({', '.join(PROFILES)}) nor a file")
+    return CostModel.load(path)
 
 
 def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedContext:
     s, b = config.scheduler, config.buckets
-    round_cost = RoundCostModel(cost or load_cost_model(config),
+    round_cost = RoundCostModel(cost or resolve_cost_model(None, config),
                                 ShapeBuckets(b.batch_rows, b.query_len, b.kv_len_multiple),
                                 uses_draft_model=config.drafter.kind == "draft")
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,

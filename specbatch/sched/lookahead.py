@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import expected_tokens
 from specbatch.sched.roundcost import DecodeShape, draft_lag
@@ -34,7 +34,7 @@ class _Batch:
         self.expected = [_expected_table(a, cap) for a, cap in zip(self.alphas, self.caps, strict=True)]
 
     @classmethod
-    def of(cls, ctx: SchedContext, rows: list[Sequence], caps: list[int], horizon: float = 1.0,
+    def of(cls, ctx: SchedContext, rows: list[Row], caps: list[int], horizon: float = 1.0,
            explore_z: float = 0.0) -> _Batch:
         """Lags beyond the pending token are spread over `horizon` rounds (a one-off catch-up); with
         explore_z > 0, α is its upper confidence bound."""
@@ -83,7 +83,7 @@ class AdaptiveLookahead:
     name: str = "adaptive"
     last_k_max: int = field(default=0, init=False)
 
-    def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
+    def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         if not rows or max(caps) == 0:
             return [0 for _ in rows]
         batch = _Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z)
@@ -152,7 +152,7 @@ class SlackLookahead:
     ctx: SchedContext
     name: str = "slack"
 
-    def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
+    def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         ks = [0 for _ in rows]
         if not rows or max(caps) == 0:
             return ks

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import expected_tokens
 from specbatch.sched.policies import OrderBase
@@ -40,15 +40,15 @@ class LapsSd(OrderBase):
     preemptive: bool = True
     level_span: float = 1e10  # key = level · span + within-level rank
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         settled, rounds = self.service_rounds(row)
         level = bisect.bisect_right(self.level_rounds, rounds)
         return level * self.level_span + (rounds if settled else 1e9 + rounds)
 
-    def level(self, row: Sequence) -> int:
+    def level(self, row: Row) -> int:
         return bisect.bisect_right(self.level_rounds, self.service_rounds(row)[1])
 
-    def service_rounds(self, row: Sequence) -> tuple[bool, float]:
+    def service_rounds(self, row: Row) -> tuple[bool, float]:
         """(settled, rounds): perceived remaining service if α̂ is settled, else attained service."""
         ctx = self.ctx
         k = min(ctx.typical_k(row), ctx.max_lookahead)
@@ -61,7 +61,7 @@ class LapsSd(OrderBase):
         per_draft_ms = t_draft + ctx.round_cost.cost.target_rows
         return False, (row.num_rounds * t_unit + row.num_proposed * per_draft_ms) / t_unit
 
-    def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
+    def should_preempt(self, running: Row, waiting: Row, now_s: float) -> bool:
         return self.level(waiting) < self.level(running)
 
 
@@ -97,7 +97,7 @@ class SpecbatchOrder(OrderBase):
     _scales: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _scales_version: int = field(default=-1, init=False, repr=False)
 
-    def class_of(self, row: Sequence) -> str:
+    def class_of(self, row: Row) -> str:
         return row.domain
 
     def class_scale(self, cls: str) -> float:
@@ -118,7 +118,7 @@ class SpecbatchOrder(OrderBase):
         shape = DecodeShape(num_rows, 0, k, num_rows if k else 0, 1 if k else 0, num_rows * k)
         return self.ctx.round_cost.decode_ms(shape)
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         """Budget tokens left (+ prefill work in decode-token equivalents: rounds of a plain full
         batch it costs), relative to its domain's speed."""
         ctx = self.ctx
@@ -129,16 +129,16 @@ class SpecbatchOrder(OrderBase):
             left *= expected_tokens(ctx.stats.alpha(row.domain), k) / expected_tokens(ctx.alpha(row), k)
         return left
 
-    def remaining_ms(self, row: Sequence, now_s: float) -> float:
+    def remaining_ms(self, row: Row, now_s: float) -> float:
         return self.class_scale(row.domain) * self.key(row, now_s)
 
-    def priority(self, row: Sequence, now_s: float) -> float:
+    def priority(self, row: Row, now_s: float) -> float:
         return self.remaining_ms(row, now_s) - self.aging_credit_ms(row, now_s)
 
-    def aging_credit_ms(self, row: Sequence, now_s: float) -> float:
+    def aging_credit_ms(self, row: Row, now_s: float) -> float:
         return self.aging * 1000 * max(0.0, now_s - row.arrival_s)
 
-    def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
+    def should_preempt(self, running: Row, waiting: Row, now_s: float) -> bool:
         """remaining(w)·(1 + margin) + recompute(r) − credit(w) < remaining(r) − credit(r): the margin
         scales remaining times only (aged priorities may be negative)."""
         recompute = self.ctx.round_cost.recompute_ms(running.num_computed)
@@ -146,8 +146,8 @@ class SpecbatchOrder(OrderBase):
         return (waiting_ms - self.aging_credit_ms(waiting, now_s)
                 < self.remaining_ms(running, now_s) - self.aging_credit_ms(running, now_s))
 
-    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int],
-                    need_tokens: int) -> Sequence:
+    def pick_victim(self, candidates: list[Row], now_s: float, kv_held: list[int],
+                    need_tokens: int) -> Row:
         """Prefer victims whose KV alone covers the need (never free a big row when a small one would
         do), then the largest priority minus recompute cost."""
         covering = [i for i, held in enumerate(kv_held) if held >= need_tokens]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import expected_tokens
 from specbatch.sched.roundcost import DecodeShape, draft_lag
@@ -29,7 +29,7 @@ class Packer:
     max_skips: int = 2
     skipped: dict[str, int] = field(default_factory=dict)  # request_id → rounds skipped in a row
 
-    def select(self, rows: list[Sequence], max_rows: int, max_tokens: int) -> list[Sequence]:
+    def select(self, rows: list[Row], max_rows: int, max_tokens: int) -> list[Row]:
         """Rows to decode this round, in their given order."""
         num_fit = min(len(rows), max_rows, max_tokens)
         smaller = [b for b in self.ctx.round_cost.buckets.batch_rows if b < num_fit]
@@ -43,7 +43,7 @@ class Packer:
                         for row in rows if id(row) not in chosen_ids}
         return [row for row in rows if id(row) in chosen_ids]
 
-    def _candidate(self, rows: list[Sequence], n: int) -> tuple[float, list[Sequence]]:
+    def _candidate(self, rows: list[Row], n: int) -> tuple[float, list[Row]]:
         """(predicted tokens per ms, rows) of a batch of n rows."""
         must = sorted((r for r in rows if self.skipped.get(r.request_id, 0) >= self.max_skips),
                       key=lambda r: -self.skipped[r.request_id])[:n]
@@ -53,12 +53,12 @@ class Packer:
         chosen = must + rest[: n - len(must)]
         return self._throughput(chosen), chosen
 
-    def _distance(self, row: Sequence, anchor: Sequence) -> tuple[int, float]:
+    def _distance(self, row: Row, anchor: Row) -> tuple[int, float]:
         buckets = self.ctx.round_cost.buckets
         kv_gap = abs(buckets.kv_len(row.num_tokens) - buckets.kv_len(anchor.num_tokens))
         return kv_gap, abs(self.ctx.alpha(row) - self.ctx.alpha(anchor))
 
-    def _throughput(self, rows: list[Sequence]) -> float:
+    def _throughput(self, rows: list[Row]) -> float:
         k = round(self.ctx.recent_k)
         shape = DecodeShape()
         for row in rows:

@@ -1,4 +1,4 @@
-"""Policy protocols and the simple policies. Pure Python: policies see `Sequence` state, counters
+"""Policy protocols and the simple policies. Pure Python: policies see `Row` state, counters
 and the shared `SchedContext`, never tensors, so the simulator runs the very same objects.
 
 - Order policies rank waiting (and, if they preempt, running) requests: lower priority value runs
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 from specbatch.sched.estimates import AcceptanceStats
 
 __all__ = ["AcceptanceStats", "Fcfs", "FixedLookahead", "FixedPrefillChunk", "LookaheadPolicy", "OrderBase",
@@ -27,25 +27,25 @@ class OrderPolicy(Protocol):
     preemptive: bool
     ages_waiting_rows: bool
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         """Static rank of a row within its class while it waits; lower runs first."""
 
-    def class_of(self, row: Sequence) -> str:
+    def class_of(self, row: Row) -> str:
         """Rows of one class share a scale that may change over time (e.g. per-domain speed)."""
 
     def class_scale(self, cls: str) -> float:
         """Current multiplier of a class's keys (≥ 0)."""
 
-    def priority(self, row: Sequence, now_s: float) -> float:
+    def priority(self, row: Row, now_s: float) -> float:
         """Current rank of any row (waiting or running): class_scale · key, minus any aging credit.
         With aging (ages_waiting_rows), the oldest waiting row is a candidate next to the class
         heads, so a long wait can lift a row over better-keyed ones."""
 
-    def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
+    def should_preempt(self, running: Row, waiting: Row, now_s: float) -> bool:
         """Whether `waiting` deserves `running`'s place enough to pay for a recompute."""
 
-    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int],
-                    need_tokens: int) -> Sequence:
+    def pick_victim(self, candidates: list[Row], now_s: float, kv_held: list[int],
+                    need_tokens: int) -> Row:
         """Which running candidate to preempt (kv_held[i]: KV tokens candidates[i] holds; need_tokens:
         KV the scheduler must free)."""
 
@@ -53,14 +53,14 @@ class OrderPolicy(Protocol):
 class LookaheadPolicy(Protocol):
     name: str
 
-    def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
+    def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         """k per row, each within 0..caps[i]."""
 
 
 class PrefillChunkPolicy(Protocol):
     name: str
 
-    def chunk_tokens(self, decode_rows: list[tuple[Sequence, int]], prefill_rows: list[Sequence] = ()) -> int:
+    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: list[Row] = ()) -> int:
         """Largest prefill chunk a row may get this round next to the given decode rows (row, k);
         prefill_rows are the rows that would prefill, in order."""
 
@@ -73,23 +73,23 @@ class OrderBase:
     preemptive = False
     ages_waiting_rows = False
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         raise NotImplementedError
 
-    def class_of(self, row: Sequence) -> str:
+    def class_of(self, row: Row) -> str:
         return ""
 
     def class_scale(self, cls: str) -> float:
         return 1.0
 
-    def priority(self, row: Sequence, now_s: float) -> float:
+    def priority(self, row: Row, now_s: float) -> float:
         return self.class_scale(self.class_of(row)) * self.key(row, now_s)
 
-    def should_preempt(self, running: Sequence, waiting: Sequence, now_s: float) -> bool:
+    def should_preempt(self, running: Row, waiting: Row, now_s: float) -> bool:
         return self.priority(waiting, now_s) < self.priority(running, now_s)
 
-    def pick_victim(self, candidates: list[Sequence], now_s: float, kv_held: list[int],
-                    need_tokens: int) -> Sequence:
+    def pick_victim(self, candidates: list[Row], now_s: float, kv_held: list[int],
+                    need_tokens: int) -> Row:
         return max(candidates, key=lambda row: self.priority(row, now_s))
 
 
@@ -100,7 +100,7 @@ class _WrappedOrder(OrderBase):
         self.inner, self.name = inner, inner.name
         self.preemptive = getattr(inner, "preemptive", False)
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         return self.inner.key(row, now_s)
 
 
@@ -113,7 +113,7 @@ class Fcfs(OrderBase):
     name: str = "fcfs"
     preemptive: bool = False
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         return row.arrival_s
 
 
@@ -124,7 +124,7 @@ class ShortestJobFirst(OrderBase):
     name: str = "sjf"
     preemptive: bool = False
 
-    def key(self, row: Sequence, now_s: float) -> float:
+    def key(self, row: Row, now_s: float) -> float:
         return float(row.num_new_tokens_left + row.num_prefill_remaining)
 
 
@@ -133,7 +133,7 @@ class FixedLookahead:
     k: int
     name: str = "fixed"
 
-    def choose(self, rows: list[Sequence], caps: list[int]) -> list[int]:
+    def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         return [min(self.k, cap) for cap in caps]
 
 
@@ -142,5 +142,5 @@ class FixedPrefillChunk:
     size: int
     name: str = "fixed"
 
-    def chunk_tokens(self, decode_rows: list[tuple[Sequence, int]], prefill_rows: list[Sequence] = ()) -> int:
+    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: list[Row] = ()) -> int:
         return self.size

@@ -17,7 +17,7 @@ import heapq
 import itertools
 from collections.abc import Iterator
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 from specbatch.sched.policies import OrderPolicy
 
 _KEY, _COUNTER, _ROW, _ALIVE = 0, 1, 2, 3
@@ -31,18 +31,18 @@ class WaitQueue:
         self._counter = itertools.count()
         self._size = 0
 
-    def push(self, row: Sequence, now_s: float) -> None:
+    def push(self, row: Row, now_s: float) -> None:
         entry = [self.order.key(row, now_s), next(self._counter), row, True]
         heapq.heappush(self._heaps.setdefault(self.order.class_of(row), []), entry)
         if self.order.ages_waiting_rows:
             heapq.heappush(self._by_arrival, (row.arrival_s, entry[_COUNTER], entry))
         self._size += 1
 
-    def peek(self, now_s: float) -> Sequence | None:
+    def peek(self, now_s: float) -> Row | None:
         entry = self._best(now_s)
         return entry[_ROW] if entry is not None else None
 
-    def pop(self, now_s: float) -> Sequence:
+    def pop(self, now_s: float) -> Row:
         entry = self._best(now_s)
         if entry is None:
             raise IndexError("pop from an empty wait queue")
@@ -66,14 +66,14 @@ class WaitQueue:
     def __bool__(self) -> bool:
         return self._size > 0
 
-    def __iter__(self) -> Iterator[tuple[float, int, Sequence]]:
+    def __iter__(self) -> Iterator[tuple[float, int, Row]]:
         """Live entries as (key, counter, row), in no particular order."""
         for heap in self._heaps.values():
             for entry in heap:
                 if entry[_ALIVE]:
                     yield entry[_KEY], entry[_COUNTER], entry[_ROW]
 
-    def remove(self, rows: list[Sequence]) -> int:
+    def remove(self, rows: list[Row]) -> int:
         """Take these rows out (e.g. cancelled while waiting); one pass over the queue. Their
         entries are marked dead and dropped lazily, as popped ones are. Returns how many."""
         ids = {id(row) for row in rows}

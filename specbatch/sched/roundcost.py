@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbatch.engine.sequence import Sequence
+from specbatch.core import Row
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
 
@@ -35,7 +35,7 @@ class DecodeShape:
     sum_k: int = 0
 
     @classmethod
-    def of(cls, rows: list[Sequence], ks: list[int]) -> DecodeShape:
+    def of(cls, rows: list[Row], ks: list[int]) -> DecodeShape:
         shape = cls()
         for row, k in zip(rows, ks, strict=True):
             shape.add(row.num_computed, k, draft_lag(row))
@@ -51,7 +51,7 @@ class DecodeShape:
             self.sum_k += k
 
 
-def draft_lag(row: Sequence) -> int:
+def draft_lag(row: Row) -> int:
     """Tokens the draft cache must catch up on before drafting (the pending token at least). A row
     still prefilling verifies only once its prefill completes, which brings the draft cache along."""
     if not row.is_decoding:
@@ -92,7 +92,7 @@ class RoundCostModel:
             extra += c.draft_passes + c.draft_rows * sum_chunk
         return extra
 
-    def round_ms(self, decode: list[tuple[Sequence, int]], prefill: list[tuple[Sequence, int]]) -> float:
+    def round_ms(self, decode: list[tuple[Row, int]], prefill: list[tuple[Row, int]]) -> float:
         """Predicted time of a whole planned round (decode rows with k, prefill rows with chunk)."""
         shape = DecodeShape.of([r for r, _ in decode], [k for _, k in decode])
         sizes = [size for _, size in prefill]

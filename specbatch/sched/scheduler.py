@@ -14,12 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from specbatch.engine.sequence import Sequence, Status
+from specbatch.core import RoundPlan, Row, Status
 from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import AcceptanceStats
 from specbatch.sched.packing import Packer
-from specbatch.sched.plan import RoundPlan
 from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
 from specbatch.sched.queues import WaitQueue
 from specbatch.sched.roundcost import DecodeShape
@@ -37,9 +36,9 @@ class SchedulerLimits:
 
 @dataclass
 class Admission:
-    admitted: list[Sequence]
-    preempted: list[Sequence]
-    dropped: list[Sequence]
+    admitted: list[Row]
+    preempted: list[Row]
+    dropped: list[Row]
 
 
 class Scheduler:
@@ -60,18 +59,18 @@ class Scheduler:
         self.stats = self.ctx.stats
         self.order, self.lookahead, self.prefill_chunk = full_order(order), lookahead, prefill_chunk
         self.waiting = WaitQueue(self.order)
-        self.running: list[Sequence] = []
+        self.running: list[Row] = []
         self.packer = Packer(self.ctx)
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def add(self, row: Sequence, now_s: float = 0.0) -> None:
+    def add(self, row: Row, now_s: float = 0.0) -> None:
         row.status = Status.WAITING
         self.waiting.push(row, now_s)
 
-    def reservation(self, row: Sequence) -> int:
+    def reservation(self, row: Row) -> int:
         """KV positions a row may need: worst case, or (optimistic) just its next round."""
         if self.limits.admission == "reserve":
             worst = row.num_prompt_tokens + row.params.max_new_tokens + self.limits.max_lookahead + 1
@@ -111,11 +110,11 @@ class Scheduler:
             num_priority_preemptions += 1
         return result
 
-    def _can_admit(self, row: Sequence, need: int) -> bool:
+    def _can_admit(self, row: Row, need: int) -> bool:
         return (len(self.running) < self.limits.max_batch_rows and self.kv.can_reserve(need)
                 and self._fits_round_time(row))
 
-    def _fits_round_time(self, row: Sequence) -> bool:
+    def _fits_round_time(self, row: Row) -> bool:
         """Predicted verification cost: a round of the running rows plus this one, each verifying
         1 + k̂ positions (k̂ the recent mean lookahead), within tpot_slo_ms. The first row always fits."""
         if not self.running:
@@ -124,7 +123,7 @@ class Scheduler:
         shape = DecodeShape.of(self.running + [row], [k] * (len(self.running) + 1))
         return self.ctx.round_cost.decode_ms(shape) <= self.ctx.tpot_slo_ms
 
-    def _admit(self, row: Sequence, need: int, now_s: float, result: Admission) -> None:
+    def _admit(self, row: Row, need: int, now_s: float, result: Admission) -> None:
         self.kv.reserve(row.request_id, need)
         row.status = Status.RUNNING
         if row.admitted_s is None:
@@ -132,8 +131,8 @@ class Scheduler:
         self.running.append(row)
         result.admitted.append(row)
 
-    def _priority_victim(self, row: Sequence, need: int, now_s: float,
-                         just_admitted: list[Sequence]) -> Sequence | None:
+    def _priority_victim(self, row: Row, need: int, now_s: float,
+                         just_admitted: list[Row]) -> Row | None:
         """A running row to preempt so that `row` fits, if the order policy wants one and freeing
         it makes room (a slot and enough KV); None otherwise. Rows admitted this round are safe."""
         if not self.order.preemptive:
@@ -148,10 +147,10 @@ class Scheduler:
         pool = [candidates[i] for i in fits]
         return self.order.pick_victim(pool, now_s, [held[i] for i in fits], need - self.kv.num_free)
 
-    def _grow_reservations(self, now_s: float) -> list[Sequence]:
+    def _grow_reservations(self, now_s: float) -> list[Row]:
         """Optimistic mode: each running row needs room for its next round; preempt (policy's pick)
         until everyone left fits."""
-        preempted: list[Sequence] = []
+        preempted: list[Row] = []
         while self.running:
             wants = sum(max(self.reservation(r), self.kv.reserved.get(r.request_id, 0)) for r in self.running)
             deficit = wants - self.kv.capacity_tokens
@@ -165,7 +164,7 @@ class Scheduler:
             self.kv.reserve(row.request_id, max(self.reservation(row), self.kv.reserved[row.request_id]))
         return preempted
 
-    def preempt(self, row: Sequence) -> None:
+    def preempt(self, row: Row) -> None:
         _remove(self.running, row)
         self.kv.free(row.request_id)
         row.num_computed = row.num_draft_computed = 0
@@ -185,7 +184,7 @@ class Scheduler:
         plan.plan_ms = (time.perf_counter() - started) * 1000
         return plan, admission
 
-    def _plan_decode(self, plan: RoundPlan, rows: list[Sequence]) -> int:
+    def _plan_decode(self, plan: RoundPlan, rows: list[Row]) -> int:
         budget = self.limits.max_round_tokens
         for row, k in zip(rows, self.lookahead.choose(rows, [self.cap(r) for r in rows]), strict=True):
             if budget < 1:
@@ -204,7 +203,7 @@ class Scheduler:
         if not prefilling:
             return
         chunk_limit = self.prefill_chunk.chunk_tokens(plan.decode, prefilling)
-        completing: list[Sequence] = []
+        completing: list[Row] = []
         for row in prefilling:
             size = min(chunk_limit, row.num_prefill_remaining, budget)
             if size <= 0:
@@ -224,19 +223,19 @@ class Scheduler:
             plan.decode.append((row, k))
             budget -= k
 
-    def cap(self, row: Sequence) -> int:
+    def cap(self, row: Row) -> int:
         """Largest useful k: no drafts past max_new_tokens, no positions past the context."""
         return max(0, min(self.limits.max_lookahead, row.num_new_tokens_left - 1,
                           self.limits.max_context - row.num_tokens))
 
-    def finish(self, row: Sequence) -> None:
+    def finish(self, row: Row) -> None:
         _remove(self.running, row)
         self.kv.free(row.request_id)
         if row.status is Status.COMPLETED:
             self.ctx.observe_finish(row)
 
 
-def _remove(rows: list[Sequence], row: Sequence) -> None:
+def _remove(rows: list[Row], row: Row) -> None:
     """Remove by identity (dataclass equality would compare every field)."""
     for index, candidate in enumerate(rows):
         if candidate is row:

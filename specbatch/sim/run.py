@@ -40,13 +40,12 @@ from pathlib import Path
 from typing import Protocol
 
 from specbatch.config import JobConfig, config_to_dict
-from specbatch.engine.sequence import SamplingParams, Sequence, Status
+from specbatch.core import Row, SamplingParams, Status
 from specbatch.ledger import TABLES, committed_parts
 from specbatch.sched.costmodel import CostModel
-from specbatch.sched.factory import load_cost_model
+from specbatch.sched.factory import resolve_cost_model
 from specbatch.sim.acceptance import AcceptanceModel
 from specbatch.sim.backend import SIM_TOKEN_ID
-from specbatch.sim.calibrate import resolve_cost_model
 from specbatch.sim.summary import SimSummary, SummaryCollector
 from specbatch.sim.worker import SimWorker, new_worker, sim_max_context
 from specbatch.sim.workload import SyntheticRequest
@@ -98,7 +97,7 @@ class _State:
     sampled: set[str] = field(default_factory=set)  # live requests whose steps are recorded
     busy: list[tuple[float, int]] = field(default_factory=list)  # heap of (next round start, worker id)
     in_busy: list[bool] = field(default_factory=list)
-    overflow: deque[Sequence] = field(default_factory=deque)
+    overflow: deque[Row] = field(default_factory=deque)
     progress: Callable[[int, int], None] | None = None  # (requests accounted, all requests)
     next_progress: int = 0
 
@@ -135,7 +134,7 @@ def simulate(
     for worker in state.workers:
         worker.writer.flush()
     summary = collector.summary(job_dir, state.workers, time.perf_counter() - started, _peak_rss_mb())
-    believed = scheduler_cost_model or load_cost_model(config)
+    believed = scheduler_cost_model or resolve_cost_model(None, config)
     _write_summary(job_dir, config, cost, believed, options, description, summary)
     return summary
 
@@ -170,13 +169,13 @@ def _event_loop(state: _State, requests: RequestSource, config: JobConfig, colle
 
 
 def _to_row(request: SyntheticRequest, index: int, params: SamplingParams, prompts: dict[int, list[int]],
-            state: _State, collector: SummaryCollector) -> Sequence:
+            state: _State, collector: SummaryCollector) -> Row:
     if params.max_new_tokens != request.max_new_tokens:
         params = SamplingParams(request.max_new_tokens, params.temperature, params.top_p)
     prompt = prompts.get(request.num_prompt_tokens)
     if prompt is None:
         prompt = prompts[request.num_prompt_tokens] = [SIM_TOKEN_ID] * request.num_prompt_tokens
-    row = Sequence(request.request_id, prompt, params, request.domain, request.arrival_s)
+    row = Row(request.request_id, prompt, params, request.domain, request.arrival_s)
     if index < collector.num_warmup:
         row.metadata = WARMUP_METADATA
     state.outputs[row.request_id] = (request.num_output_tokens, request.finish_reason == "eos")
@@ -186,7 +185,7 @@ def _to_row(request: SyntheticRequest, index: int, params: SamplingParams, promp
     return row
 
 
-def _dispatch(state: _State, row: Sequence, collector: SummaryCollector) -> None:
+def _dispatch(state: _State, row: Row, collector: SummaryCollector) -> None:
     now = row.arrival_s
     limit = state.options.max_waiting_per_worker
     open_workers = [w for w in state.workers if limit is None or w.num_waiting < limit]
@@ -222,7 +221,7 @@ def _mark_busy(state: _State, worker: SimWorker) -> None:
         state.in_busy[worker.worker_id] = True
 
 
-def _finish(state: _State, rows: list[Sequence], collector: SummaryCollector) -> None:
+def _finish(state: _State, rows: list[Row], collector: SummaryCollector) -> None:
     for row in rows:
         state.outputs.pop(row.request_id, None)
         state.sampled.discard(row.request_id)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from specbatch.engine.sequence import Sequence, Status
+from specbatch.core import Row, Status
 
 LATENCY_METRICS = ("queue_s", "ttft_s", "completion_s")
 
@@ -76,7 +76,7 @@ class SummaryCollector:
     num_accounted: int = 0  # completed + dropped + cancelled so far
     samples: dict[str, array] = field(default_factory=lambda: {m: array("d") for m in LATENCY_METRICS})
 
-    def add(self, row: Sequence, is_warmup: bool) -> None:
+    def add(self, row: Row, is_warmup: bool) -> None:
         self.statuses[row.status] += 1
         self.num_accounted += 1
         self.num_committed_tokens += row.num_output_tokens

@@ -1,8 +1,7 @@
 """One simulated worker: the real `Scheduler` and `Engine` over a `SimBackend` and its own virtual clock.
 
-Assembled from a job config the way `engine.build.build_engine` assembles a real one (same limits,
-KV capacity rule, shape buckets and `sched.factory.policies`), so every policy the factory knows
-runs here unchanged. The worker also owns what a server adds around the engine: cancelling
+Assembled by the same `loop.build_engine` as a real worker (same limits, KV capacity rule, shape
+buckets and policies), so every policy the factory knows runs here unchanged. The worker also owns what a server adds around the engine: cancelling
 requests past their deadline, and its load as the dispatcher sees it.
 """
 
@@ -16,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from specbatch.config import JobConfig
-from specbatch.engine.loop import Engine, Recorder
-from specbatch.engine.sequence import Sequence, Status
-from specbatch.engine.stops import StopChecker
+from specbatch.core import Row
 from specbatch.ledger import PartWriter
+from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
-from specbatch.sched.factory import make_scheduler, max_lookahead
+from specbatch.sched.factory import max_lookahead
 from specbatch.sim.acceptance import AcceptanceModel
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
 
@@ -72,21 +70,19 @@ def build_sim_engine(
     recorder: Recorder,
     worker_id: int = 0,
     scheduler_cost: CostModel | None = None,
-) -> tuple[Engine, SimBackend, VirtualClock]:
+) -> tuple[Engine, VirtualClock]:
     """An `Engine` whose backend and clock are simulated; everything else is the real thing.
 
     `cost` is the simulated truth (round times); `scheduler_cost` is what the scheduler and its
-    policies believe, by default the config's (`scheduler.cost_model`, else the CPU profile),
-    exactly as the real engine's scheduler is built."""
-    k_max = max_lookahead(config)
+    policies believe, by default the config's, exactly as the real engine's scheduler is built."""
     context = sim_max_context(config)
-    slot_len = context + k_max + 1
+    slot_len = context + max_lookahead(config) + 1
     buckets = ShapeBuckets(config.buckets.batch_rows, config.buckets.query_len, config.buckets.kv_len_multiple)
     clock = VirtualClock()
     backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed)
-    scheduler = make_scheduler(config, sim_kv_capacity_tokens(config, slot_len), context, scheduler_cost)
-    stops = StopChecker({SIM_EOS_TOKEN_ID}, sim_decode, context)
-    return Engine(scheduler, backend, stops, recorder, worker_id, clock), backend, clock
+    limits = EngineLimits(context, sim_kv_capacity_tokens(config, slot_len), frozenset({SIM_EOS_TOKEN_ID}),
+                          sim_decode)
+    return build_engine(config, backend, limits, recorder, worker_id, clock, scheduler_cost), clock
 
 
 @dataclass
@@ -95,7 +91,7 @@ class SimWorker:
     engine: Engine
     clock: VirtualClock
     writer: PartWriter
-    deadlines: list[tuple[float, int, Sequence]] = field(default_factory=list)  # heap
+    deadlines: list[tuple[float, int, Row]] = field(default_factory=list)  # heap
     num_finished_in_flight: int = 0  # rows finished by the round that ends at clock.now_s
     first_round_s: float | None = None  # start of its first round and end of its last: its span
     last_round_end_s: float | None = None
@@ -116,18 +112,18 @@ class SimWorker:
         in_flight = self.num_finished_in_flight if self.clock.now_s > now_s else 0
         return len(self.engine.scheduler.waiting) + len(self.engine.scheduler.running) + in_flight
 
-    def add(self, row: Sequence, now_s: float, deadline_s: float | None) -> None:
+    def add(self, row: Row, now_s: float, deadline_s: float | None) -> None:
         if not self.has_work:
             self.clock.now_s = max(self.clock.now_s, now_s)  # an idle worker wakes at the arrival
         self.engine.scheduler.add(row, now_s)
         if deadline_s is not None:
             heapq.heappush(self.deadlines, (row.arrival_s + deadline_s, next(self._counter), row))
 
-    def record(self, row: Sequence) -> None:
+    def record(self, row: Row) -> None:
         """Record a request that never reaches the scheduler (dropped or cancelled on arrival)."""
         self.engine.record_finished(row)
 
-    def cancel_due(self) -> list[Sequence]:
+    def cancel_due(self) -> list[Row]:
         """Cancel (reason `deadline`) every unfinished row whose deadline is at or before now."""
         now, due = self.clock.now_s, []
         while self.deadlines and self.deadlines[0][0] <= now:
@@ -135,10 +131,10 @@ class SimWorker:
             if not row.is_finished:
                 due.append(row)
         if due:
-            cancel(self.engine, due, now, "deadline")
+            self.engine.cancel(due, "deadline")
         return due
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[Row]:
         started_s, num_rounds = self.clock.now_s, self.engine.num_rounds
         finished = self.engine.step()
         self.num_finished_in_flight = len(finished)
@@ -147,19 +143,6 @@ class SimWorker:
             self.last_round_end_s = self.clock.now_s
         self.num_idle_steps = 0 if finished or self.engine.num_rounds > num_rounds else self.num_idle_steps + 1
         return finished
-
-
-def cancel(engine: Engine, rows: list[Sequence], now_s: float, reason: str) -> None:
-    """`Engine.cancel_all` for some rows: waiting or running, each recorded `cancelled`."""
-    scheduler = engine.scheduler
-    waiting = [row for row in rows if row.status is Status.WAITING]
-    if waiting:
-        scheduler.waiting.remove(waiting)
-    for row in rows:
-        scheduler.finish(row)
-        engine.backend.release(row, finished=True)
-        row.status, row.finished_s, row.drop_reason = Status.CANCELLED, now_s, reason
-        engine.record_finished(row)
 
 
 def new_worker(
@@ -175,5 +158,5 @@ def new_worker(
     """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
     writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
     recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
-    engine, _, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost)
+    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost)
     return SimWorker(worker_id, engine, clock, writer)

@@ -13,8 +13,10 @@ import random
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from specbatch import ledger
 from specbatch.sim.arrivals import ArrivalProcess, Offline
 
 
@@ -236,3 +238,30 @@ class Workload:
             f"output to EOS {self.output_len.describe()}, max_new_tokens {self.max_new_tokens}; "
             f"arrivals {self.arrival.describe()}"
         )
+
+
+def recorded_requests(job_dir: str | Path) -> list[SyntheticRequest]:
+    """A job's requests with their real prompt and output lengths, domains, limits and arrivals.
+
+    Arrivals are seconds after the job's first round; a request that arrived before it counts as
+    arriving at 0 (it was queued when serving began). Order: real arrival, then request id. A
+    request that ended by EOS or a stop string ends by EOS here; one cut by max_new_tokens or the
+    context ends by length; a dropped or cancelled one is given max_new_tokens (its end is unknown).
+    """
+    job_dir = Path(job_dir)
+    columns = ["request_id", "domain", "status", "finish_reason", "num_prompt_tokens", "num_output_tokens",
+               "max_new_tokens", "arrival_s"]
+    table = ledger.read_table(job_dir, "requests").select(columns).to_pylist()
+    rounds = ledger.read_table(job_dir, "rounds").column("started_s").to_pylist()
+    start_s = min(rounds) if rounds else min((r["arrival_s"] for r in table), default=0.0)
+    out = []
+    for r in sorted(table, key=lambda r: (r["arrival_s"], r["request_id"])):
+        completed = r["status"] == "completed"
+        ends_by_eos = completed and r["finish_reason"] in ("eos", "stop")
+        num_output = r["num_output_tokens"] if completed else r["max_new_tokens"]
+        out.append(SyntheticRequest(
+            request_id=r["request_id"], domain=r["domain"], num_prompt_tokens=r["num_prompt_tokens"],
+            max_new_tokens=r["max_new_tokens"], num_output_tokens=max(1, num_output),
+            finish_reason="eos" if ends_by_eos else "length", arrival_s=max(0.0, r["arrival_s"] - start_s),
+        ))
+    return out

@@ -17,7 +17,7 @@ def calibrate(
     out: Annotated[Path | None, typer.Option(help="where to save (default JOB_DIR/cost_model.json)")] = None,
 ) -> None:
     """Fit the round-time cost model on a job's rounds and save it (with its own error) for a config."""
-    from specbatch.sim.calibrate import calibrate as fit
+    from specbatch.lab.calibrate import calibrate as fit
 
     try:
         model = fit(job_dir)
@@ -48,7 +48,7 @@ def simulate(
 ) -> None:
     """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
     from specbatch.config import ConfigError, load_config
-    from specbatch.sim.compare import simulate_policies
+    from specbatch.lab.compare import simulate_policies
 
     try:
         job_config = load_config(config, set_)
@@ -67,7 +67,7 @@ def queue_lab(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of text")] = False,
 ) -> None:
     """The fluid backlog model (no batches, priorities or random arrivals): B(t) = max(0, B0 + (λ − μ)t)."""
-    from specbatch.sim.queue_lab import format_queue_lab, queue_lab_report
+    from specbatch.lab.queue_lab import format_queue_lab, queue_lab_report
 
     try:
         report = queue_lab_report(arrival, service, backlog)

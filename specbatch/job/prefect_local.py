@@ -14,7 +14,7 @@ analytics switches at import). Two cases:
 The temporary server is Prefect's own ephemeral server (the command `SubprocessASGIServer` runs in
 prefect 3), started here rather than by prefect so that it boots while the CLI imports torch, leads
 its own session (a terminal's Ctrl-C stops the job gracefully while the server records the final
-state) and dies with the CLI even on `kill -9` (see `specbatch.processes`).
+state) and dies with the CLI even on `kill -9` (see `specbatch.job.processes`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from specbatch.processes import free_port, spawn, stop_groups, tail
+from specbatch.job.processes import free_port, spawn, stop_groups, tail
 
 STARTUP_TIMEOUT_S = 120.0
 

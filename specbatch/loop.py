@@ -1,20 +1,26 @@
 """The round loop: plan → execute → commit → record.
 
-`Engine` owns no policy (the scheduler decides) and touches no device (the backend does); it
-commits tokens, applies stops and turns each round into accounting records for the ledger.
+`Engine` owns no policy (the scheduler decides), touches no device (the backend does) and changes
+no row itself (the scheduler's commit step does); it drives a round and turns it into accounting
+records for the ledger. The same loop runs the real models (`engine.build`) and the simulator
+(`sim.worker`): `build_engine` assembles it from a job config and either backend.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-from specbatch.engine.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
-from specbatch.engine.sequence import Sequence, Status
-from specbatch.engine.stops import StopChecker
-from specbatch.sched.plan import RoundPlan
+from specbatch.config import JobConfig
+from specbatch.core import Backend, RoundOutcome, RoundPlan, Row, Status
+from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
+from specbatch.sched.commit import RoundCommit, commit_round
+from specbatch.sched.costmodel import CostModel
+from specbatch.sched.factory import make_scheduler
 from specbatch.sched.scheduler import Scheduler
+from specbatch.sched.stops import StopChecker
 
 
 class Recorder(Protocol):
@@ -46,11 +52,21 @@ class MemoryRecorder:
         self.results.append(record)
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the models (or the simulator standing in for them) fix for an engine."""
+
+    max_context: int  # positions a request may use (prompt + output)
+    kv_capacity_tokens: int  # target KV token slots the scheduler may reserve
+    eos_token_ids: frozenset[int]
+    decode: Callable[[list[int]], str]  # token ids -> text, for stop strings and results
+
+
 class Engine:
     def __init__(
         self,
         scheduler: Scheduler,
-        backend,
+        backend: Backend,
         stops: StopChecker,
         recorder: Recorder,
         worker_id: int = 0,
@@ -60,7 +76,7 @@ class Engine:
         self.worker_id, self.clock = worker_id, clock
         self.num_rounds = 0
 
-    def add(self, row: Sequence) -> None:
+    def add(self, row: Row) -> None:
         row.arrival_s = row.arrival_s or self.clock()
         self.scheduler.add(row, row.arrival_s)
 
@@ -68,7 +84,7 @@ class Engine:
         while self.scheduler.has_work and not should_stop():
             self.step()
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[Row]:
         """One round; returns the rows that finished in it."""
         started_s = self.clock()
         plan, admission = self.scheduler.plan(started_s)
@@ -76,67 +92,49 @@ class Engine:
             self.backend.release(row, finished=False)
         for row in admission.admitted:
             self.backend.admit(row)
-        finished = list(admission.dropped)
         for row in admission.dropped:
             self.record_finished(row)
         if plan.is_empty:
-            return finished
+            return list(admission.dropped)
         outcome = self.backend.execute(plan)
         commit_started = time.perf_counter()
         emitted_s = self.clock()
-        num_committed = 0
-        for row_outcome in outcome.rows:
+        commit = commit_round(self.scheduler, self.stops, plan, outcome, emitted_s)
+        for row_outcome, committed in commit.verified:
             row = row_outcome.row
-            committed = self.stops.commit(row, row_outcome.emitted)
-            num_committed += committed
-            self._count_row(row, row_outcome, committed, emitted_s)
-            if row.status is Status.COMPLETED:
-                finished.append(row)
-        for row, size in plan.prefill:
-            row.num_target_rows += size
-        for row in finished:
-            if row.status is Status.COMPLETED:
-                self.scheduler.finish(row)
-                self.backend.release(row, finished=True)
-                row.finished_s = emitted_s
-                self.record_finished(row)
+            self.recorder.add_step(StepRecord(
+                request_id=row.request_id, worker_id=self.worker_id, round_index=self.num_rounds,
+                emitted_s=emitted_s, k=row_outcome.k, num_proposed=len(row_outcome.proposed),
+                num_accepted=row_outcome.num_accepted, num_committed=committed,
+                num_output_tokens=row.num_output_tokens,
+            ))
+        for row in commit.finished:
+            self.backend.release(row, finished=True)
+            self.record_finished(row)
         commit_ms = (time.perf_counter() - commit_started) * 1000
         round_ms = (self.clock() - started_s) * 1000  # the engine's clock: wall time, or virtual in the simulator
-        self.recorder.add_round(self._round_record(plan, outcome, num_committed, started_s, commit_ms, round_ms))
+        self.recorder.add_round(self._round_record(plan, outcome, commit, started_s, commit_ms, round_ms))
         self.num_rounds += 1
-        return finished
+        return list(admission.dropped) + commit.finished
 
-    def cancel_all(self, reason: str = "job_cancelled") -> list[Sequence]:
-        """Stop on purpose: running and waiting rows become `cancelled` with the tokens they have."""
-        rows = list(self.scheduler.running) + [entry[2] for entry in self.scheduler.waiting]
+    def cancel(self, rows: list[Row], reason: str) -> None:
+        """Stop rows on purpose: waiting or running, each becomes `cancelled` with the tokens it has."""
+        waiting = [row for row in rows if row.status is Status.WAITING]
+        if waiting:
+            self.scheduler.waiting.remove(waiting)
         now = self.clock()
         for row in rows:
             self.scheduler.finish(row)
             self.backend.release(row, finished=True)
             row.status, row.finished_s, row.drop_reason = Status.CANCELLED, now, reason
             self.record_finished(row)
-        self.scheduler.waiting.clear()
+
+    def cancel_all(self, reason: str = "job_cancelled") -> list[Row]:
+        rows = list(self.scheduler.running) + [entry[2] for entry in self.scheduler.waiting]
+        self.cancel(rows, reason)
         return rows
 
-    def _count_row(self, row: Sequence, outcome, committed: int, emitted_s: float) -> None:
-        num_proposed = len(outcome.proposed)
-        row.num_rounds += 1
-        row.num_target_rows += 1 + num_proposed
-        row.num_proposed += num_proposed
-        row.num_accepted += outcome.num_accepted
-        row.last_k = outcome.k
-        if num_proposed:
-            row.accept_history.append((outcome.num_accepted, num_proposed))
-            self.scheduler.stats.observe(row.domain, num_proposed, outcome.num_accepted)
-        if row.first_token_s is None and committed:
-            row.first_token_s = emitted_s
-        self.recorder.add_step(StepRecord(
-            request_id=row.request_id, worker_id=self.worker_id, round_index=self.num_rounds,
-            emitted_s=emitted_s, k=outcome.k, num_proposed=num_proposed, num_accepted=outcome.num_accepted,
-            num_committed=committed, num_output_tokens=row.num_output_tokens,
-        ))
-
-    def record_finished(self, row: Sequence) -> None:
+    def record_finished(self, row: Row) -> None:
         """Request + result records of a row that is done (completed, dropped or cancelled)."""
         finished_s = row.finished_s if row.finished_s is not None else self.clock()
         self.recorder.add_request(RequestRecord(
@@ -157,7 +155,7 @@ class Engine:
             num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain, metadata=row.metadata,
         ))
 
-    def _round_record(self, plan: RoundPlan, outcome, num_committed: int, started_s: float,
+    def _round_record(self, plan: RoundPlan, outcome: RoundOutcome, commit: RoundCommit, started_s: float,
                       commit_ms: float, round_ms: float) -> RoundRecord:
         verify, prefill, proposals = outcome.verify_shape, outcome.prefill_shape, outcome.proposals
         num_proposed = sum(len(r.proposed) for r in outcome.rows)
@@ -177,10 +175,36 @@ class Engine:
             num_target_passes=int(verify is not None) + int(prefill is not None),
             num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
             num_proposed=num_proposed, num_accepted=sum(r.num_accepted for r in outcome.rows),
-            num_committed=num_committed, num_speculating_rows=sum(1 for r in outcome.rows if r.proposed),
+            num_committed=commit.num_committed, num_speculating_rows=sum(1 for r in outcome.rows if r.proposed),
             max_k=max((r.k for r in outcome.rows), default=0), query_len=verify.query_len if verify else 0,
             kv_len=verify.kv_len if verify else 0, num_kv_tokens_read=kv_read,
             kv_tokens_in_use=self.scheduler.kv.num_used, kv_tokens_capacity=self.scheduler.kv.capacity_tokens,
             plan_ms=plan.plan_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
             verify_ms=outcome.verify_ms, commit_ms=commit_ms, round_ms=round_ms,
         )
+
+
+def build_engine(
+    config: JobConfig,
+    backend: Backend,
+    limits: EngineLimits,
+    recorder: Recorder,
+    worker_id: int = 0,
+    clock: Callable[[], float] = time.time,
+    scheduler_cost: CostModel | None = None,
+) -> Engine:
+    """The engine of one worker over any backend: the config's scheduler and policies, stops.
+
+    `scheduler_cost` is what the scheduler's policies believe about round times; by default the
+    config's (`scheduler.cost_model`, else the CPU profile)."""
+    scheduler = make_scheduler(config, limits.kv_capacity_tokens, limits.max_context, scheduler_cost)
+    stops = StopChecker(set(limits.eos_token_ids), limits.decode, limits.max_context)
+    return Engine(scheduler, backend, stops, recorder, worker_id, clock)
+
+
+def generate(engine: Engine, rows: list[Row]) -> dict[str, Row]:
+    """Run rows to completion on an engine; returns them by request id (tests, benchmarks)."""
+    for row in rows:
+        engine.add(row)
+    engine.run()
+    return {row.request_id: row for row in rows}

@@ -27,8 +27,8 @@ def _usage_errors() -> tuple[type[Exception], ...]:
     from specbatch.config import ConfigError
     from specbatch.data.ingest import DatasetError
     from specbatch.engine.loading import ModelLoadError
-    from specbatch.job import JobError
-    from specbatch.manifest import ManifestError
+    from specbatch.job.manifest import ManifestError
+    from specbatch.job.prepare import JobError
 
     return ConfigError, DatasetError, ModelLoadError, JobError, ManifestError
 
@@ -76,7 +76,7 @@ def submit(
     state in OUTPUT/.prefect (or on the server in PREFECT_API_URL, when set). Exit codes: 0 the job ran,
     2 unusable input or config, 1 internal failure, 130 stopped (run the same command to resume).
     """
-    from specbatch import job as jobs
+    from specbatch.job import prepare as jobs
 
     overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
                                 prefill_chunk=prefill_chunk)
@@ -106,10 +106,10 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
 
 def _submit_local(parameters: dict, job_dir: Path) -> None:
     """Run the flow here with a Rich progress bar; exit with the job's code."""
-    from specbatch.prefect_local import start_local_prefect
+    from specbatch.job.prefect_local import start_local_prefect
 
     server = start_local_prefect(Path(parameters["output"]))  # boots while torch and prefect are imported
-    from specbatch.flow import UNUSABLE_INPUT, LocalHooks, check_inputs, run_local, summary_from_dict
+    from specbatch.job.flow import UNUSABLE_INPUT, LocalHooks, check_inputs, run_local, summary_from_dict
 
     try:
         job_config = _job_config(parameters["config"] and Path(parameters["config"]), parameters["overrides"])
@@ -167,7 +167,7 @@ def _progress_bar(hooks):
 
 def _submit_deployment(name: str, parameters: dict, wait: bool) -> None:
     """Start a run of deployment NAME on the configured Prefect API; with --wait, exit as the run ends."""
-    from specbatch.flow import UNUSABLE_INPUT, deployment_name, run_deployment_job
+    from specbatch.job.flow import UNUSABLE_INPUT, deployment_name, run_deployment_job
 
     def on_state(flow_run) -> None:
         state = flow_run.state
@@ -205,8 +205,8 @@ def _print_summary(summary) -> None:
 def status(job: Annotated[str, typer.Argument(help="job id or job directory")],
            output: Annotated[Path, typer.Option(help="where job directories go")] = Path("outputs")) -> None:
     """Show a job's progress from its manifest and committed parts."""
-    from specbatch.job import summarize
-    from specbatch.manifest import load_manifest
+    from specbatch.job.manifest import load_manifest
+    from specbatch.job.prepare import summarize
 
     job_dir = Path(job) if Path(job).is_dir() else output / job
     try:
@@ -260,8 +260,8 @@ def bench(
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
-        from specbatch.bench_policies import run_policy_suite
         from specbatch.config import load_config
+        from specbatch.lab.policy_suite import run_policy_suite
 
         try:
             run_policy_suite(load_config(config, set_), json_path=json_path, num_prompts=prompts, console=console)
@@ -270,7 +270,7 @@ def bench(
         return
     if suite != "engine":
         _fail("--suite must be engine or policies")
-    from specbatch.bench import run_bench, write_json
+    from specbatch.lab.bench import run_bench, write_json
 
     try:
         results = run_bench(prompts, max_new_tokens, batch_size, config, set_, assisted_prompts, console)
@@ -314,7 +314,7 @@ def train_demo(
     console.print(f"trained pair written to {output}")
 
 
-from specbatch.cli_lab import register as _register_lab  # noqa: E402
+from specbatch.cli.lab import register as _register_lab  # noqa: E402
 
 _register_lab(app)
 

@@ -20,9 +20,9 @@ from rich.table import Table
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import JobConfig, load_config
-from specbatch.engine.build import Models, build_engine, eos_token_ids, load_models
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
+from specbatch.loop import MemoryRecorder
 from specbatch.models.corpus import documents
 
 
@@ -123,8 +123,8 @@ def run_hf_assisted(models: Models, prompts: list[Prompt]) -> dict:
 
 def run_specbatch(config: JobConfig, models: Models, prompts: list[Prompt]) -> tuple[dict, MemoryRecorder]:
     recorder = MemoryRecorder()
-    engine = build_engine(config, models, recorder)
-    rows = [Sequence(p.request_id, list(p.token_ids), SamplingParams(max_new_tokens=p.max_new_tokens), p.domain)
+    engine = build_hf_engine(config, models, recorder)
+    rows = [Row(p.request_id, list(p.token_ids), SamplingParams(max_new_tokens=p.max_new_tokens), p.domain)
             for p in prompts]
     for row in rows:
         engine.add(row)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specbatch.engine.sequence import Sequence, Status
+from specbatch.core import Row, Status
 
 
 class StopChecker:
     def __init__(self, eos_token_ids: set[int], decode: Callable[[list[int]], str], max_context: int) -> None:
         self.eos_token_ids, self.decode, self.max_context = eos_token_ids, decode, max_context
 
-    def commit(self, row: Sequence, emitted: list[int]) -> int:
+    def commit(self, row: Row, emitted: list[int]) -> int:
         """Append emitted tokens until a stop; returns how many were committed."""
         for count, token in enumerate(emitted, start=1):
             row.output_ids.append(token)
@@ -26,7 +26,7 @@ class StopChecker:
                 return count
         return len(emitted)
 
-    def _finish_reason(self, row: Sequence, token: int) -> str | None:
+    def _finish_reason(self, row: Row, token: int) -> str | None:
         if token in self.eos_token_ids:
             return "eos"
         if row.params.stop and self._hit_stop(row):
@@ -35,12 +35,12 @@ class StopChecker:
             return "length"
         return None
 
-    def _hit_stop(self, row: Sequence) -> bool:
+    def _hit_stop(self, row: Row) -> bool:
         window = max(len(stop) for stop in row.params.stop) + 8
         tail = self.decode(row.output_ids[-window:])
         return any(stop in tail for stop in row.params.stop)
 
-    def text(self, row: Sequence) -> str:
+    def text(self, row: Row) -> str:
         text = self.decode([t for t in row.output_ids if t not in self.eos_token_ids])
         if row.finish_reason == "stop":
             cut = min((text.find(s) for s in row.params.stop if s in text), default=len(text))

@@ -27,10 +27,10 @@ import pyarrow as pa
 
 from specbatch import ledger
 from specbatch.config import JobConfig
+from specbatch.lab.compare import estimate_capacity_rps, parse_acceptance
+from specbatch.lab.littles_law import LatencyModel, latency_curve, plot_latency_vs_rate
 from specbatch.sched.costmodel import CostModel
 from specbatch.sim.arrivals import Poisson
-from specbatch.sim.compare import estimate_capacity_rps, parse_acceptance
-from specbatch.sim.littles_law import LatencyModel, latency_curve, plot_latency_vs_rate
 from specbatch.sim.run import SimOptions, simulate
 from specbatch.sim.workload import Workload
 

@@ -4,7 +4,7 @@ Worker i of N takes shards i, i + N, ... of the manifest. It skips every request
 committed result (resume), streams shards into the engine so batching continues across shard
 boundaries, flushes parts every N requests or T seconds, and on a stop request cancels what is in
 flight (recorded as `cancelled` with its tokens) and commits before returning.
-Launched in-process by `specbatch submit`, or as `accelerate launch ... -m specbatch.worker`.
+Launched in-process by `specbatch submit`, or as `accelerate launch ... -m specbatch.job.worker`.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbatch.config import JobConfig
+from specbatch.core import Row, SamplingParams, Status
 from specbatch.data.shards import read_shard_requests
 from specbatch.data.validate import Request
-from specbatch.engine.build import Models, build_engine, load_models
-from specbatch.engine.loop import Engine
-from specbatch.engine.sequence import SamplingParams, Sequence, Status
-from specbatch.faults import crash_point
+from specbatch.engine.build import Models, build_hf_engine, load_models
+from specbatch.job.faults import crash_point
+from specbatch.job.manifest import load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
-from specbatch.manifest import load_manifest, update_manifest
+from specbatch.loop import Engine
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,13 @@ def my_shards(job_dir: Path, worker_id: int, num_workers: int) -> list[str]:
     return [shard.name for index, shard in enumerate(shards) if index % num_workers == worker_id]
 
 
-def to_sequence(request: Request) -> Sequence:
+def to_sequence(request: Request) -> Row:
     """A shard row as engine state; a dropped row keeps zeroed limits (it never runs)."""
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens or 0, temperature=request.temperature or 0.0,
         top_p=request.top_p or 1.0, seed=request.seed, stop=tuple(request.stop or ()),
     )
-    row = Sequence(request.request_id, list(request.prompt_token_ids or []), params, request.domain or "")
+    row = Row(request.request_id, list(request.prompt_token_ids or []), params, request.domain or "")
     row.metadata = request.metadata
     if request.is_dropped:
         row.status, row.drop_reason = Status.DROPPED, request.drop_reason
@@ -91,7 +91,7 @@ def run_worker(
     names = my_shards(job_dir, worker_id, num_workers)
     models = models or load_models(config)
     writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
-    engine = build_engine(config, models, writer, worker_id)
+    engine = build_hf_engine(config, models, writer, worker_id)
     progress = WorkerProgress()
     _mark_shards(job_dir, names, "running", worker_id)
     feed = pending_requests(job_dir, names, done)
@@ -129,7 +129,7 @@ def _admit_next(engine: Engine, feed: Iterator[tuple[str, Request]], progress: W
     return True
 
 
-def _count(rows: list[Sequence], progress: WorkerProgress) -> None:
+def _count(rows: list[Row], progress: WorkerProgress) -> None:
     for row in rows:
         progress.num_done += 1
         progress.num_dropped += row.status is Status.DROPPED
@@ -159,8 +159,8 @@ def _mark_shards(job_dir: Path, names: list[str], status: str, worker_id: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `accelerate launch -m specbatch.worker JOB_DIR --run-id R` (one process per device),
-    or `python -m specbatch.worker JOB_DIR --run-id R --worker-id I --num-workers N` (no accelerate).
+    """Entry point for `accelerate launch -m specbatch.job.worker JOB_DIR --run-id R` (one process per device),
+    or `python -m specbatch.job.worker JOB_DIR --run-id R --worker-id I --num-workers N` (no accelerate).
 
     SIGINT / SIGTERM stop the worker: in-flight requests are recorded as cancelled and committed.
     Exit code 0 when its shards are done, 130 when stopped.

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbatch import ledger
-from specbatch.report_plots import PLOTS
+from specbatch.report.plots import PLOTS
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,10 @@ class QueryResult:
 
 
 def sql_dir() -> Path:
-    """The sql/ folder: $SPECBATCH_SQL_DIR, else the repository's, else the installed package data."""
+    """The queries: $SPECBATCH_SQL_DIR when set, else `specbatch/sql/` as installed with the package
+    (the same folder in a source checkout)."""
     if os.environ.get(SQL_DIR_ENV):
         return Path(os.environ[SQL_DIR_ENV])
-    repo = Path(__file__).resolve().parent.parent / "sql"
-    if (repo / "views.sql").is_file():
-        return repo
     return Path(str(resources.files("specbatch") / "sql"))
 
 

@@ -5,10 +5,10 @@ N > 1 every worker is its own process with its own shards (shard i goes to worke
 copy of the models on its device and its own ledger parts (named by worker id):
 
 - `accelerate` (the default when it is installed): `accelerate launch --multi_gpu --num_processes N
-  --num_machines 1 --mixed_precision no --dynamo_backend no -m specbatch.worker JOB_DIR --run-id R`,
+  --num_machines 1 --mixed_precision no --dynamo_backend no -m specbatch.job.worker JOB_DIR --run-id R`,
   one process per GPU, or N gloo processes on CPU (the worker then makes `Accelerator(cpu=True)`).
   Not `--cpu --num_processes N`: measured with accelerate 1.x, that silently starts one process.
-- `subprocess`: N plain `python -m specbatch.worker JOB_DIR --run-id R --worker-id i --num-workers N`,
+- `subprocess`: N plain `python -m specbatch.job.worker JOB_DIR --run-id R --worker-id i --num-workers N`,
   when accelerate is not installed or `SPECBATCH_LAUNCHER=subprocess` is set.
 
 The processes run in a session of their own and die with their parent (PR_SET_PDEATHSIG), so a
@@ -38,9 +38,9 @@ from typing import Literal
 import pyarrow.parquet as pq
 
 from specbatch.config import JobConfig
+from specbatch.job.processes import free_port, signal_groups, spawn, stop_groups, tail
+from specbatch.job.worker import WorkerProgress, run_worker, worker_lock
 from specbatch.ledger import PART_SUFFIX, committed_parts
-from specbatch.processes import free_port, signal_groups, spawn, stop_groups, tail
-from specbatch.worker import WorkerProgress, run_worker, worker_lock
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def launch_workers(
 
 def worker_commands(job_dir: Path, run_id: str, num_processes: int, launcher: Launcher) -> list[list[str]]:
     """The command lines of one launch: a single `accelerate launch`, or one per worker."""
-    worker = ["-m", "specbatch.worker", str(job_dir), "--run-id", run_id]
+    worker = ["-m", "specbatch.job.worker", str(job_dir), "--run-id", run_id]
     if launcher == "accelerate":
         return [[sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                  "--num_processes", str(num_processes), "--num_machines", "1", "--mixed_precision", "no",

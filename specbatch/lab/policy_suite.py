@@ -25,9 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from specbatch.config import JobConfig
-from specbatch.engine.build import Models, build_engine, load_models
-from specbatch.engine.loop import MemoryRecorder
-from specbatch.engine.sequence import SamplingParams, Sequence
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import Models, build_hf_engine, load_models
+from specbatch.loop import MemoryRecorder
 from specbatch.sched.costmodel import CostModel
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ def run_once(config: JobConfig, models: Models, prompts: list[BenchPrompt], name
     """One engine over all prompts at once; returns its metrics and its records. Every time the
     engine records (arrivals, finishes, round_ms) is read from `clock` (see CLOCKS)."""
     recorder = MemoryRecorder()
-    engine = build_engine(config, models, recorder)
+    engine = build_hf_engine(config, models, recorder)
     engine.clock = CLOCKS[clock]
-    rows = [Sequence(p.request_id, list(p.prompt_ids), SamplingParams(max_new_tokens=p.max_new_tokens),
+    rows = [Row(p.request_id, list(p.prompt_ids), SamplingParams(max_new_tokens=p.max_new_tokens),
                      domain=p.domain) for p in prompts]
     started = engine.clock()
     for row in rows:
@@ -92,7 +92,7 @@ def run_once(config: JobConfig, models: Models, prompts: list[BenchPrompt], name
     return summarize(name, config, recorder, rows, wall_s), recorder
 
 
-def summarize(name: str, config: JobConfig, recorder: MemoryRecorder, rows: list[Sequence], wall_s: float) -> dict:
+def summarize(name: str, config: JobConfig, recorder: MemoryRecorder, rows: list[Row], wall_s: float) -> dict:
     rounds = recorder.rounds
     committed = sum(r.num_committed for r in rounds)
     target_rows = sum(r.num_target_rows for r in rounds)

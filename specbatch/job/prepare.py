@@ -16,8 +16,7 @@ from specbatch.config import JobConfig, config_to_dict
 from specbatch.data.ingest import resolve_dataset
 from specbatch.data.shards import shard_dataset
 from specbatch.engine.loading import context_limit, load_tokenizer
-from specbatch.ledger import read_table, retire_cancelled_results
-from specbatch.manifest import (
+from specbatch.job.manifest import (
     Manifest,
     fingerprint,
     load_manifest,
@@ -26,6 +25,7 @@ from specbatch.manifest import (
     save_manifest,
     update_manifest,
 )
+from specbatch.ledger import read_table, retire_cancelled_results
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def export_results_jsonl(job_dir: Path) -> Path:
 
 def export_openai_output(job_dir: Path) -> Path:
     """The OpenAI batch *output* format: one line per input line, by custom_id."""
-    from specbatch.openai_batch import output_line
+    from specbatch.job.openai_output import output_line
 
     endpoints = _endpoints(job_dir)
     path = job_dir / "openai_output.jsonl"

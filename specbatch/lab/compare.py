@@ -26,9 +26,9 @@ from rich.console import Console
 from specbatch.config import ConfigError, JobConfig, apply_overrides, config_to_dict
 from specbatch.report import build_report
 from specbatch.sched.costmodel import CostModel
+from specbatch.sched.factory import resolve_cost_model
 from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance, ReplayAcceptance
 from specbatch.sim.arrivals import ArrivalProcess, Offline, parse_arrival
-from specbatch.sim.calibrate import resolve_cost_model
 from specbatch.sim.run import SimOptions, simulate
 from specbatch.sim.summary import SimSummary
 from specbatch.sim.workload import DomainMix, LogNormalLength, Workload

@@ -1,7 +1,7 @@
 """The `specbatch-job` Prefect flow: ingest + shard → run the worker group → finalize.
 
-Thin: the tasks call `specbatch.job` and `specbatch.launch`. `specbatch submit` runs this flow in its
-own process (`run_local`, on Prefect's temporary local server, see `specbatch.prefect_local`); a
+Thin: the tasks call `specbatch.job` and `specbatch.job.launch`. `specbatch submit` runs this flow in its
+own process (`run_local`, on Prefect's temporary local server, see `specbatch.job.prefect_local`); a
 deployment runs the same flow in a process that a Prefect worker starts (`prefect.yaml`), and
 `submit --deployment NAME` starts such a run (`run_deployment_job`).
 
@@ -36,11 +36,11 @@ from prefect.states import Cancelled, Failed, State
 from specbatch.config import ConfigError, JobConfig, load_config
 from specbatch.data.ingest import DatasetError, resolve_dataset
 from specbatch.engine.loading import ModelLoadError, resolve_model_path
-from specbatch.job import JobError, JobSummary, check_job_id, finalize, prepare
-from specbatch.launch import launch_workers, stop_on_signals
+from specbatch.job.launch import launch_workers, stop_on_signals
+from specbatch.job.manifest import ManifestError, load_manifest
+from specbatch.job.prepare import JobError, JobSummary, check_job_id, finalize, prepare
+from specbatch.job.worker import WorkerProgress
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
-from specbatch.manifest import ManifestError, load_manifest
-from specbatch.worker import WorkerProgress
 
 FLOW_NAME = "specbatch-job"
 UNUSABLE_INPUT = "UnusableInput"  # state name of a run that stopped before any work

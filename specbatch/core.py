@@ -1,0 +1,206 @@
+"""The plain types every part shares, and no torch: a request's state in the engine (`Row`), its
+sampling parameters, a round's plan and outcome, the shape of a pass, and the `Backend` protocol
+that both the Hugging Face backend and the simulator implement.
+
+Scheduling model (as in vLLM v1): a request has `num_tokens` (prompt + output) and
+`num_computed` (tokens whose target KV exists). Prefill is simply `num_computed < num_tokens - 1`;
+the last committed token is the *pending token*, which every verify row starts with.
+
+Only the scheduler's commit step (`sched/commit.py`) and its admission/preemption write a `Row`;
+a backend reads rows and returns what it computed as a `RoundOutcome`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Protocol
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DROPPED = "dropped"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Row:
+    """One request in the engine: its tokens, how far its KV is computed, status and raw counters."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    domain: str = ""
+    arrival_s: float = 0.0
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # target KV positions that hold valid entries
+    num_draft_computed: int = 0  # draft-model KV positions that hold valid entries
+    finish_reason: str | None = None
+    drop_reason: str | None = None
+    drop_message: str | None = None
+    metadata: str | None = None  # the input record's unknown fields (JSON), passed through to results
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    # counters, summed over rounds
+    num_rounds: int = 0
+    num_target_rows: int = 0
+    num_draft_rows: int = 0
+    num_proposed: int = 0
+    num_accepted: int = 0
+    num_preemptions: int = 0
+    # acceptance history: accepted prefix length and k of each speculative round
+    accept_history: list[tuple[int, int]] = field(default_factory=list)
+    last_k: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_prefill_remaining(self) -> int:
+        """Tokens before the pending token whose target KV is still missing."""
+        return max(0, self.num_tokens - 1 - self.num_computed)
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_prefill_remaining == 0
+
+    @property
+    def num_new_tokens_left(self) -> int:
+        return self.params.max_new_tokens - len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (Status.COMPLETED, Status.DROPPED, Status.CANCELLED)
+
+    def acceptance_estimate(self, prior: float, prior_weight: float = 2.0) -> float:
+        """Per-token acceptance α from this row's history, shrunk towards a prior (e.g. its domain's)."""
+        accepted = sum(a for a, _ in self.accept_history)
+        proposed = sum(k for _, k in self.accept_history)
+        return (accepted + prior * prior_weight) / (proposed + prior_weight)
+
+
+@dataclass
+class RoundPlan:
+    """The scheduler's output for one round: what the backend executes."""
+
+    prefill: list[tuple[Row, int]] = field(default_factory=list)  # (row, chunk tokens)
+    decode: list[tuple[Row, int]] = field(default_factory=list)  # (row, lookahead k)
+    plan_ms: float = 0.0  # the scheduler's own time for this plan (policies included)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+    @property
+    def num_target_rows(self) -> int:
+        return sum(size for _, size in self.prefill) + sum(1 + k for _, k in self.decode)
+
+    def computed_after_prefill(self, row: Row) -> int:
+        """Target KV positions `row` holds once this round's prefill pass ran: where its verify
+        positions start (a row whose prefill completes verifies in the same round). Read by the
+        backends once the plan is final."""
+        return row.num_computed + self._prefill_sizes.get(id(row), 0)
+
+    @cached_property
+    def _prefill_sizes(self) -> dict[int, int]:
+        return {id(row): size for row, size in self.prefill}
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """One forward pass as computed: real rows and positions, and the bucket it was padded to."""
+
+    num_rows: int  # real rows
+    num_bucket_rows: int  # rows after batch padding
+    query_len: int
+    kv_len: int
+    num_real_positions: int  # Σ len(chunk)
+
+    @property
+    def num_padded_positions(self) -> int:
+        return self.num_bucket_rows * self.query_len - self.num_real_positions
+
+    @property
+    def num_kv_tokens_read(self) -> int:
+        return self.num_bucket_rows * self.kv_len
+
+
+@dataclass
+class Proposals:
+    """A round's drafts: tokens per row and what the drafter computed for them."""
+
+    tokens: list[list[int]]  # per row, at most its k
+    draft_probs: list[Any]  # per row: the warped q it sampled from, a [len(tokens), vocab] tensor; None = point mass
+    num_fed: list[int] = field(default_factory=list)  # per row: positions fed to the draft model (its draft rows)
+    num_draft_rows: int = 0
+    num_padded_draft_rows: int = 0
+    num_passes: int = 0
+
+
+@dataclass
+class RowOutcome:
+    row: Row
+    k: int  # planned lookahead
+    proposed: list[int]  # drafts actually offered
+    num_accepted: int
+    emitted: list[int]  # accepted drafts + correction-or-bonus token, before stops
+    num_draft_fed: int = 0  # positions the draft model computed for this row while drafting
+
+
+@dataclass
+class RoundOutcome:
+    rows: list[RowOutcome] = field(default_factory=list)
+    prefill_shape: PassShape | None = None
+    verify_shape: PassShape | None = None
+    proposals: Proposals | None = None
+    num_draft_prefill_rows: int = 0  # > 0: the draft cache was filled alongside the prefill chunks
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+
+
+class Backend(Protocol):
+    """Runs a round plan: prefill chunks, drafting, one target verify pass, the acceptance rule.
+
+    It holds device state (KV slots, random generators) keyed by request, reads rows, and never
+    writes them: what it computed comes back as a `RoundOutcome` for the commit step."""
+
+    def admit(self, row: Row) -> None:
+        """Give a newly admitted (or re-admitted after preemption) row its device state."""
+
+    def release(self, row: Row, finished: bool) -> None:
+        """Free the row's KV slot; a finished row also drops its random stream."""
+
+    def execute(self, plan: RoundPlan) -> RoundOutcome:
+        """Run the plan's passes and return what was proposed, accepted and emitted per row."""
