@@ -6,15 +6,101 @@ on the CPU. Errors name the field (pydantic), and `load_config` turns them into 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+MAX_LOOKAHEAD = 16  # drafts per row; bounds fixed:K and scheduler.max_lookahead
+_FIXED = re.compile(r"fixed:([0-9]+)")
 
 
 class ConfigError(ValueError):
     """A config the job cannot run with; the CLI prints it and exits with code 2."""
+
+
+@dataclass(frozen=True)
+class LookaheadSpec:
+    """`fixed:K` (k drafts per row), `adaptive` or `slack`, parsed; str() writes it back."""
+
+    kind: Literal["fixed", "adaptive", "slack"]
+    k: int | None = None  # fixed only
+
+    @classmethod
+    def parse(cls, text: str) -> LookaheadSpec:
+        if text == "adaptive":
+            return cls("adaptive")
+        if text == "slack":
+            return cls("slack")
+        k = _fixed_count(text)
+        if k is None or k > MAX_LOOKAHEAD:
+            raise ValueError(f"lookahead must be fixed:K (K in 0..{MAX_LOOKAHEAD}), adaptive or slack, not {text!r}")
+        return cls("fixed", k)
+
+    def __str__(self) -> str:
+        return self.kind if self.k is None else f"{self.kind}:{self.k}"
+
+
+@dataclass(frozen=True)
+class PrefillChunkSpec:
+    """`fixed:N` (chunks of at most N prompt tokens) or `deadline`, parsed; str() writes it back."""
+
+    kind: Literal["fixed", "deadline"]
+    num_tokens: int | None = None  # fixed only
+
+    @classmethod
+    def parse(cls, text: str) -> PrefillChunkSpec:
+        if text == "deadline":
+            return cls("deadline")
+        num_tokens = _fixed_count(text)
+        if num_tokens is None or num_tokens < 1:
+            raise ValueError(f"prefill_chunk must be fixed:N (N >= 1) or deadline, not {text!r}")
+        return cls("fixed", num_tokens)
+
+    def __str__(self) -> str:
+        return self.kind if self.num_tokens is None else f"{self.kind}:{self.num_tokens}"
+
+
+def _fixed_count(text: str) -> int | None:
+    match = _FIXED.fullmatch(text)
+    return int(match[1]) if match else None
+
+
+_Spec = TypeVar("_Spec", LookaheadSpec, PrefillChunkSpec)
+
+
+def _parsed(spec_type: type[_Spec]) -> Callable[[object], _Spec]:
+    """Validates a spec field: the string a user writes (or a manifest stores) goes through
+    `spec_type.parse`; an already parsed value (a default) passes as it is."""
+
+    def validate(value: object) -> _Spec:
+        if isinstance(value, spec_type):
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, not {type(value).__name__}")
+        return spec_type.parse(value)
+
+    return validate
+
+
+# In the config: parsed values. In YAML, --set, manifests and model_dump: the strings.
+Lookahead = Annotated[LookaheadSpec, PlainValidator(_parsed(LookaheadSpec)), PlainSerializer(str, return_type=str)]
+PrefillChunk = Annotated[
+    PrefillChunkSpec, PlainValidator(_parsed(PrefillChunkSpec)), PlainSerializer(str, return_type=str)
+]
 
 
 class _Section(BaseModel):
@@ -40,9 +126,9 @@ class DrafterConfig(_Section):
 
 class SchedulerConfig(_Section):
     order: Literal["fcfs", "sjf", "laps-sd", "specbatch"] = "fcfs"
-    lookahead: str = "fixed:4"  # fixed:K | adaptive | slack
-    max_lookahead: int = Field(default=8, ge=0, le=16)
-    prefill_chunk: str = "fixed:256"  # fixed:N | deadline
+    max_lookahead: int = Field(default=8, ge=0, le=MAX_LOOKAHEAD)  # before lookahead: _within_max_lookahead reads it
+    lookahead: Lookahead = Field(default=LookaheadSpec("fixed", 4), validate_default=True)
+    prefill_chunk: PrefillChunk = PrefillChunkSpec("fixed", 256)
     max_batch_rows: int = Field(default=32, ge=1)
     max_round_tokens: int = Field(default=2048, ge=1)
     tpot_slo_ms: float = Field(default=200.0, gt=0)
@@ -50,21 +136,12 @@ class SchedulerConfig(_Section):
 
     @field_validator("lookahead")
     @classmethod
-    def _lookahead(cls, value: str) -> str:
-        if value in ("adaptive", "slack"):
-            return value
-        kind, _, k = value.partition(":")
-        if kind != "fixed" or not k.isdigit() or int(k) > 16:
-            raise ValueError("lookahead must be fixed:K (K in 0..16), adaptive or slack")
-        return value
-
-    @field_validator("prefill_chunk")
-    @classmethod
-    def _prefill_chunk(cls, value: str) -> str:
-        kind, _, size = value.partition(":")
-        if value != "deadline" and (kind != "fixed" or not size.isdigit() or int(size) < 1):
-            raise ValueError("prefill_chunk must be fixed:N (N >= 1) or deadline")
-        return value
+    def _within_max_lookahead(cls, spec: LookaheadSpec, info: ValidationInfo) -> LookaheadSpec:
+        """fixed:K over max_lookahead is an error, not a clamp (the default fixed:4 is checked too)."""
+        limit = info.data.get("max_lookahead")  # absent when max_lookahead itself is invalid
+        if spec.k is not None and limit is not None and spec.k > limit:
+            raise ValueError(f"{spec} is over scheduler.max_lookahead ({limit}): lower K or raise max_lookahead")
+        return spec
 
 
 class CapacityConfig(_Section):

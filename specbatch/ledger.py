@@ -8,7 +8,7 @@ only count a part whose results file exists. Every part writes all four files, e
 that `read_parquet('JOB/<table>/*.parquet')` finds a file for every table of a job that committed
 anything.
 
-Column names equal the field names of `specbatch.records`; the ledger adds none.
+Each table's schema is derived from its record in `specbatch.records`; the ledger adds no column.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord, arrow_schema
+
 log = logging.getLogger(__name__)
 
 TABLES = ("rounds", "steps", "requests", "results")  # write order: results last (the commit point)
@@ -32,97 +34,14 @@ PART_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
 _PART_RE = re.compile(r"^part-w(?P<worker>\d+)-(?P<run>.+)-(?P<seq>\d{5})$")
 
-_I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
-
-
-def _schema(*fields: tuple[str, pa.DataType, bool]) -> pa.Schema:
-    return pa.schema([pa.field(name, kind, nullable=nullable) for name, kind, nullable in fields])
-
-
-def _required(kind: pa.DataType, *names: str) -> list[tuple[str, pa.DataType, bool]]:
-    return [(name, kind, False) for name in names]
-
-
-ROUNDS_SCHEMA = _schema(
-    *_required(_I64, "worker_id", "round_index"),
-    ("started_s", _F64, False),
-    *_required(
-        _I64,
-        "num_batch_rows",
-        "num_bucket_rows",
-        "num_decode_rows",
-        "num_prefill_rows",
-        "num_prefill_tokens",
-        "num_target_rows",
-        "num_padded_target_rows",
-        "num_draft_rows",
-        "num_padded_draft_rows",
-        "num_target_passes",
-        "num_draft_passes",
-        "num_proposed",
-        "num_accepted",
-        "num_committed",
-        "num_speculating_rows",
-        "max_k",
-        "query_len",
-        "kv_len",
-        "num_kv_tokens_read",
-        "kv_tokens_in_use",
-        "kv_tokens_capacity",
-    ),
-    *_required(_F64, "plan_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "round_ms"),
-)
-
-STEPS_SCHEMA = _schema(
-    ("request_id", _STR, False),
-    *_required(_I64, "worker_id", "round_index"),
-    ("emitted_s", _F64, False),
-    *_required(_I64, "k", "num_proposed", "num_accepted", "num_committed", "num_output_tokens"),
-)
-
-REQUESTS_SCHEMA = _schema(
-    ("request_id", _STR, False),
-    ("worker_id", _I64, False),
-    ("domain", _STR, False),
-    ("status", _STR, False),
-    ("finish_reason", _STR, True),
-    ("drop_reason", _STR, True),
-    *_required(_I64, "num_prompt_tokens", "num_output_tokens", "max_new_tokens"),
-    ("temperature", _F64, False),
-    ("arrival_s", _F64, False),
-    ("admitted_s", _F64, True),
-    ("first_token_s", _F64, True),
-    ("finished_s", _F64, False),
-    *_required(
-        _I64,
-        "num_rounds",
-        "num_target_rows",
-        "num_draft_rows",
-        "num_proposed",
-        "num_accepted",
-        "num_preemptions",
-    ),
-)
-
-RESULTS_SCHEMA = _schema(
-    ("request_id", _STR, False),
-    ("status", _STR, False),
-    ("text", _STR, True),
-    ("output_token_ids", pa.list_(pa.int32()), False),
-    ("finish_reason", _STR, True),
-    ("drop_reason", _STR, True),
-    ("drop_message", _STR, True),
-    *_required(_I64, "num_prompt_tokens", "num_output_tokens"),
-    ("domain", _STR, False),
-    ("metadata", _STR, True),
-)
-
 SCHEMAS: dict[str, pa.Schema] = {
-    "rounds": ROUNDS_SCHEMA,
-    "steps": STEPS_SCHEMA,
-    "requests": REQUESTS_SCHEMA,
-    "results": RESULTS_SCHEMA,
+    "rounds": arrow_schema(RoundRecord),
+    "steps": arrow_schema(StepRecord),
+    "requests": arrow_schema(RequestRecord),
+    "results": arrow_schema(ResultRecord),
 }
+ROUNDS_SCHEMA, STEPS_SCHEMA = SCHEMAS["rounds"], SCHEMAS["steps"]
+REQUESTS_SCHEMA, RESULTS_SCHEMA = SCHEMAS["requests"], SCHEMAS["results"]
 
 
 def to_table(records: Iterable[Any], schema: pa.Schema) -> pa.Table:
@@ -139,6 +58,10 @@ def part_name(worker_id: int, run_id: str, seq: int) -> str:
     return f"part-w{worker_id:02d}-{run_id}-{seq:05d}"
 
 
+def part_path(job_dir: Path, table: str, name: str) -> Path:
+    return Path(job_dir) / table / (name + PART_SUFFIX)
+
+
 def _write_atomic(table: pa.Table, path: Path, durable: bool) -> None:
     tmp = path.with_name(path.name + TMP_SUFFIX)
     with open(tmp, "wb") as f:
@@ -149,7 +72,8 @@ def _write_atomic(table: pa.Table, path: Path, durable: bool) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new file in `path` durable (POSIX needs the folder itself synced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -229,9 +153,9 @@ class PartWriter:
         name = part_name(self.worker_id, self.run_id, self._seq)
         tables = {table: to_table(self._buffers[table], SCHEMAS[table]) for table in TABLES}
         for table in TABLES:  # results last; each folder synced so the commit follows its data
-            _write_atomic(tables[table], self.job_dir / table / (name + PART_SUFFIX), self.durable)
+            _write_atomic(tables[table], part_path(self.job_dir, table, name), self.durable)
             if self.durable:
-                _fsync_dir(self.job_dir / table)
+                fsync_dir(self.job_dir / table)
         log.debug("committed part %s (%s)", name, {t: tables[t].num_rows for t in TABLES})
         self._seq += 1
         self._buffers = {table: [] for table in TABLES}
@@ -250,7 +174,7 @@ def committed_request_ids(job_dir: Path, statuses: Iterable[str] | None = None) 
     columns = ["request_id"] if wanted is None else ["request_id", "status"]
     ids: set[str] = set()
     for name in committed_parts(job_dir):
-        table = pq.read_table(Path(job_dir) / "results" / (name + PART_SUFFIX), columns=columns)
+        table = pq.read_table(part_path(job_dir, "results", name), columns=columns)
         if wanted is None:
             ids.update(table.column("request_id").to_pylist())
             continue
@@ -291,7 +215,7 @@ def remove_orphan_parts(job_dir: Path, worker_id: int | None = None) -> list[str
 def read_table(job_dir: Path, table: str) -> pa.Table:
     """All committed parts of one table, in part-name order (empty, with the schema, if none)."""
     schema = SCHEMAS[table]
-    paths = [Path(job_dir) / table / (name + PART_SUFFIX) for name in committed_parts(job_dir)]
+    paths = [part_path(job_dir, table, name) for name in committed_parts(job_dir)]
     tables = [pq.read_table(p, schema=schema) for p in paths if p.exists()]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -312,7 +236,7 @@ def retire_cancelled_results(job_dir: Path) -> int:
     """
     retired = 0
     for name in committed_parts(job_dir):
-        path = Path(job_dir) / "results" / (name + PART_SUFFIX)
+        path = part_path(job_dir, "results", name)
         table = pq.read_table(path, schema=RESULTS_SCHEMA)
         keep = pc.not_equal(table.column("status"), "cancelled")
         kept = table.filter(keep)

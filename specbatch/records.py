@@ -1,12 +1,17 @@
 """Plain accounting records the round loop emits; `specbatch.ledger` writes them to Parquet.
 
 Words follow DESIGN §2. Every field is a raw counter or a timestamp (seconds since the epoch);
-rates are derived later in SQL, never stored.
+rates are derived later in SQL, never stored. The records are the one list of columns: each Parquet
+schema is derived from its record (`arrow_schema`), so changing a field changes the schema.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass, field, fields
+from typing import Any, get_args, get_type_hints
+
+import pyarrow as pa
 
 
 @dataclass
@@ -95,3 +100,26 @@ class ResultRecord:
     num_output_tokens: int = 0
     domain: str = ""
     metadata: str | None = None  # JSON of the input record's unknown fields
+
+
+_ARROW_TYPES: dict[Any, pa.DataType] = {
+    int: pa.int64(),
+    float: pa.float64(),
+    str: pa.string(),
+    list[int]: pa.list_(pa.int32()),  # token ids
+}
+
+
+def arrow_schema(record: type) -> pa.Schema:
+    """One column per field, in field order; `X | None` is the only nullable annotation."""
+    hints = get_type_hints(record)
+    return pa.schema([_arrow_field(f.name, hints[f.name]) for f in fields(record)])
+
+
+def _arrow_field(name: str, annotation: Any) -> pa.Field:
+    args = get_args(annotation)
+    nullable = isinstance(annotation, types.UnionType) and len(args) == 2 and type(None) in args
+    kind = next(arg for arg in args if arg is not type(None)) if nullable else annotation
+    if kind not in _ARROW_TYPES:
+        raise TypeError(f"field {name!r}: no Arrow type for {annotation!r}")
+    return pa.field(name, _ARROW_TYPES[kind], nullable=nullable)

@@ -163,7 +163,8 @@ def test_cost_model_fit_recovers_coefficients_and_round_trips(tmp_path):
 @pytest.mark.parametrize(("spec", "kind"), [("adaptive", AdaptiveLookahead), ("slack", SlackLookahead)])
 def test_factory_lookahead_specs(spec, kind):
     assert isinstance(make_lookahead(spec, 4), kind)
-    assert make_lookahead("fixed:9", 4).k == 4
+    with pytest.raises(ValueError):  # over max_lookahead: refused, never clamped silently
+        make_lookahead("fixed:9", 4)
     assert isinstance(make_prefill_chunk("deadline"), DeadlinePrefillChunk)
     with pytest.raises(ValueError):
         make_lookahead("greedy", 4)

@@ -1,4 +1,4 @@
-"""`specbatch calibrate`, `simulate` and `queue-lab`: the commands that model rather than run."""
+"""`specbatch bench`, `calibrate`, `simulate` and `queue-lab`: the commands that measure or model rather than run."""
 
 from __future__ import annotations
 
@@ -7,11 +7,46 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-console = Console()
+from specbatch.cli.common import console, fail, usage_errors
+
+commands = typer.Typer()
 
 
+@commands.command()
+def bench(
+    prompts: Annotated[int, typer.Option(help="held-out prompts (half code, half prose)")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(help="largest max_new_tokens (drawn per request from 16..N)")] = 128,
+    batch_size: Annotated[int, typer.Option(help="batch size for hf-generate and specbatch")] = 32,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
+    config: Annotated[Path | None, typer.Option(help="job config YAML")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
+    assisted_prompts: Annotated[int | None, typer.Option(help="prompts for hf-assisted (slow, batch 1)")] = None,
+    suite: Annotated[str, typer.Option(help="engine (vs HF) or policies")] = "engine",
+) -> None:
+    """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
+    if suite == "policies":
+        from specbatch.config import load_config
+        from specbatch.lab.policy_suite import run_policy_suite
+
+        try:
+            run_policy_suite(load_config(config, set_), json_path=json_path, num_prompts=prompts, console=console)
+        except usage_errors() as error:
+            fail(str(error))
+        return
+    if suite != "engine":
+        fail("--suite must be engine or policies")
+    from specbatch.lab.bench import run_bench, write_json
+
+    try:
+        results = run_bench(prompts, max_new_tokens, batch_size, config, set_, assisted_prompts, console)
+    except usage_errors() as error:
+        fail(str(error))
+    if json_path is not None:
+        write_json(results, json_path)
+
+
+@commands.command()
 def calibrate(
     job_dir: Annotated[Path, typer.Argument(help="a finished job directory")],
     out: Annotated[Path | None, typer.Option(help="where to save (default JOB_DIR/cost_model.json)")] = None,
@@ -22,8 +57,7 @@ def calibrate(
     try:
         model = fit(job_dir)
     except (ValueError, FileNotFoundError) as error:
-        console.print(f"[bold red]error:[/] {error}")
-        raise typer.Exit(2) from error
+        fail(str(error))
     path = out or job_dir / "cost_model.json"
     model.save(path)
     mape = f"{model.mape:.1%}" if model.mape is not None else "-"
@@ -31,13 +65,15 @@ def calibrate(
     console.print(f"use it with: --set scheduler.cost_model={path}")
 
 
+@commands.command()
 def simulate(
     config: Annotated[Path | None, typer.Option(help="job config YAML (policies are varied on top of it)")] = None,
     requests: Annotated[int, typer.Option(help="simulated requests per policy")] = 2000,
     arrival: Annotated[str, typer.Option(help="offline | poisson:RATE | onoff:R,ON,OFF | gamma:R,CV | replay:PATH")]
     = "offline",
-    policies: Annotated[str, typer.Option(help="comma-separated: order[/lookahead[/prefill]], e.g. fcfs,sjf/adaptive")]
-    = "fcfs,sjf,laps-sd,specbatch",
+    # `\[` keeps Rich from reading the brackets as markup in --help
+    policies: Annotated[str, typer.Option(
+        help=r"comma-separated: order\[/lookahead\[/prefill]], e.g. fcfs,sjf/adaptive")] = "fcfs,sjf,laps-sd,specbatch",
     workers: Annotated[int, typer.Option(help="simulated workers")] = 1,
     output: Annotated[Path, typer.Option(help="where the simulated job directories go")] = Path("outputs/sim"),
     cost_model: Annotated[str | None, typer.Option(help="cpu-demo | PATH from `specbatch calibrate`")] = None,
@@ -55,11 +91,11 @@ def simulate(
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
                                   output, seed=seed, acceptance=acceptance, cost_model=cost_model, console=console)
     except (ConfigError, ValueError, FileNotFoundError) as error:
-        console.print(f"[bold red]error:[/] {error}")
-        raise typer.Exit(2) from error
+        fail(str(error))
     console.print(f"comparison: {study.comparison_md}")
 
 
+@commands.command("queue-lab")
 def queue_lab(
     arrival: Annotated[float, typer.Option(help="arrival rate λ (work units per second)")],
     service: Annotated[float, typer.Option(help="service rate μ (work units per second)")],
@@ -72,12 +108,5 @@ def queue_lab(
     try:
         report = queue_lab_report(arrival, service, backlog)
     except ValueError as error:
-        console.print(f"[bold red]error:[/] {error}")
-        raise typer.Exit(2) from error
+        fail(str(error))
     typer.echo(json.dumps(report, indent=2) if json_out else format_queue_lab(report))
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(calibrate)
-    app.command()(simulate)
-    app.command("queue-lab")(queue_lab)

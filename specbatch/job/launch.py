@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from specbatch.config import JobConfig
 from specbatch.job.processes import free_port, signal_groups, spawn, stop_groups, tail
 from specbatch.job.worker import WorkerProgress, run_worker, worker_lock
-from specbatch.ledger import PART_SUFFIX, committed_parts
+from specbatch.ledger import committed_parts, part_path
 
 log = logging.getLogger(__name__)
 
@@ -174,19 +174,13 @@ class LedgerWatcher:
         for name in committed_parts(self.job_dir):
             if name not in self._seen:
                 self._seen.add(name)
-                self._count(self.job_dir / "requests" / (name + PART_SUFFIX))
+                self._count(part_path(self.job_dir, "requests", name))
         return self.progress
 
     def _count(self, path: Path) -> None:
-        columns = ["status", "num_output_tokens", "num_proposed", "num_accepted"]
-        rows = pq.read_table(path, columns=columns).to_pydict()
-        p = self.progress
-        p.num_done += len(rows["status"])
-        p.num_dropped += rows["status"].count("dropped")
-        p.num_cancelled += rows["status"].count("cancelled")
-        p.num_committed_tokens += sum(rows["num_output_tokens"])
-        p.num_proposed += sum(rows["num_proposed"])
-        p.num_accepted += sum(rows["num_accepted"])
+        columns = ["status", "num_output_tokens", "num_proposed", "num_accepted"]  # WorkerProgress.add's arguments
+        for request in pq.read_table(path, columns=columns).to_pylist():
+            self.progress.add(**request)
 
 
 @contextmanager

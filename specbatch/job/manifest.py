@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
 from specbatch.job.faults import crash_point
+from specbatch.ledger import fsync_dir
 
 if TYPE_CHECKING:
     from specbatch.data.shards import ShardInfo
@@ -163,7 +164,7 @@ def save_manifest(job_dir: Path, manifest: Manifest) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_directory(job_dir)
+    fsync_dir(job_dir)
 
 
 def update_manifest(job_dir: Path, change: Callable[[Manifest], Manifest | None]) -> Manifest:
@@ -193,11 +194,3 @@ def _hash_file(digest: Any, path: Path) -> None:
     with path.open("rb", buffering=0) as file:
         while size := file.readinto(buffer):
             digest.update(view[:size])
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

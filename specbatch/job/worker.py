@@ -45,6 +45,15 @@ class WorkerProgress:
     num_proposed: int = 0
     num_accepted: int = 0
 
+    def add(self, status: str, num_output_tokens: int, num_proposed: int, num_accepted: int) -> None:
+        """Count one finished request; the arguments are its `requests` columns of the same names."""
+        self.num_done += 1
+        self.num_dropped += status == Status.DROPPED.value
+        self.num_cancelled += status == Status.CANCELLED.value
+        self.num_committed_tokens += num_output_tokens
+        self.num_proposed += num_proposed
+        self.num_accepted += num_accepted
+
 
 def my_shards(job_dir: Path, worker_id: int, num_workers: int) -> list[str]:
     shards = load_manifest(job_dir).shards
@@ -131,12 +140,7 @@ def _admit_next(engine: Engine, feed: Iterator[tuple[str, Request]], progress: W
 
 def _count(rows: list[Row], progress: WorkerProgress) -> None:
     for row in rows:
-        progress.num_done += 1
-        progress.num_dropped += row.status is Status.DROPPED
-        progress.num_cancelled += row.status is Status.CANCELLED
-        progress.num_committed_tokens += row.num_output_tokens
-        progress.num_proposed += row.num_proposed
-        progress.num_accepted += row.num_accepted
+        progress.add(row.status.value, row.num_output_tokens, row.num_proposed, row.num_accepted)
 
 
 def _record_part(job_dir: Path, name: str | None) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbatch.config import JobConfig
+from specbatch.config import JobConfig, LookaheadSpec, PrefillChunkSpec
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
@@ -44,30 +44,39 @@ def make_order(name: str, ctx: SchedContext | None = None) -> OrderPolicy:
     raise ValueError(f"order policy {name!r} is not available (have: {', '.join(ORDERS)})")
 
 
-def make_lookahead(spec: str, max_lookahead: int, ctx: SchedContext | None = None) -> LookaheadPolicy:
+def make_lookahead(spec: LookaheadSpec | str, max_lookahead: int,
+                   ctx: SchedContext | None = None) -> LookaheadPolicy:
+    """A string goes through the config's parser (the one parser of lookahead specs)."""
+    spec = LookaheadSpec.parse(spec) if isinstance(spec, str) else spec
     ctx = ctx or SchedContext(max_lookahead=max_lookahead)
-    kind, _, k = spec.partition(":")
-    if kind == "fixed" and k.isdigit():
-        return FixedLookahead(min(int(k), max_lookahead))
-    if spec == "adaptive":
+    if spec.kind == "adaptive":
         return AdaptiveLookahead(ctx)
-    if spec == "slack":
+    if spec.kind == "slack":
         return SlackLookahead(ctx)
-    raise ValueError(f"lookahead policy {spec!r} is not available (fixed:K, adaptive, slack)")
+    if spec.k is None or spec.k > max_lookahead:
+        raise ValueError(f"lookahead {spec} is over max_lookahead {max_lookahead}")
+    return FixedLookahead(spec.k)
 
 
-def make_prefill_chunk(spec: str, ctx: SchedContext | None = None) -> PrefillChunkPolicy:
-    kind, _, size = spec.partition(":")
-    if kind == "fixed" and size.isdigit():
-        return FixedPrefillChunk(int(size))
-    if spec == "deadline":
-        return DeadlinePrefillChunk(ctx or SchedContext())
-    raise ValueError(f"prefill chunk policy {spec!r} is not available (fixed:N, deadline)")
+def make_prefill_chunk(spec: PrefillChunkSpec | str, ctx: SchedContext | None = None) -> PrefillChunkPolicy:
+    """A string goes through the config's parser (the one parser of prefill-chunk specs)."""
+    spec = PrefillChunkSpec.parse(spec) if isinstance(spec, str) else spec
+    if spec.num_tokens is not None:
+        return FixedPrefillChunk(spec.num_tokens)
+    return DeadlinePrefillChunk(ctx or SchedContext())
 
 
 def max_lookahead(config: JobConfig) -> int:
     """No drafter means no drafts, whatever the lookahead policy says."""
     return 0 if config.drafter.kind == "none" else config.scheduler.max_lookahead
+
+
+def lookahead_spec(config: JobConfig) -> LookaheadSpec:
+    """The config's lookahead, except that without a drafter fixed:K runs as fixed:0 (no drafter,
+    no drafts: the default fixed:4 must run with --drafter none). The config has already rejected
+    a K over scheduler.max_lookahead, so this is the only place a user's K is lowered."""
+    spec = config.scheduler.lookahead
+    return LookaheadSpec("fixed", 0) if config.drafter.kind == "none" and spec.kind == "fixed" else spec
 
 
 def resolve_cost_model(spec: str | None, config: JobConfig | None = None) -> CostModel:
@@ -97,7 +106,7 @@ def policies(config: JobConfig, ctx: SchedContext | None = None
              ) -> tuple[OrderPolicy, LookaheadPolicy, PrefillChunkPolicy]:
     s = config.scheduler
     ctx = ctx or make_context(config)
-    return (make_order(s.order, ctx), make_lookahead(s.lookahead, max_lookahead(config), ctx),
+    return (make_order(s.order, ctx), make_lookahead(lookahead_spec(config), max_lookahead(config), ctx),
             make_prefill_chunk(s.prefill_chunk, ctx))
 
 

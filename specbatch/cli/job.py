@@ -1,0 +1,222 @@
+"""`specbatch submit` and `status`: run (or resume) a job, here or on a deployment, and watch it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specbatch.cli.common import EXIT_INTERNAL, EXIT_STOPPED, EXIT_USAGE, console, err, fail, usage_errors
+
+if TYPE_CHECKING:
+    from specbatch.config import JobConfig
+    from specbatch.job.flow import LocalHooks
+    from specbatch.job.prepare import JobSummary
+    from specbatch.job.worker import WorkerProgress
+
+commands = typer.Typer()
+
+
+@commands.command()
+def submit(
+    dataset: Annotated[Path, typer.Argument(help="JSONL, OpenAI batch JSONL, Parquet, or a HF dataset")],
+    config: Annotated[Path | None, typer.Option(help="job config YAML (default: bundled pair on CPU)")] = None,
+    job_id: Annotated[str | None, typer.Option(help="job directory name; reuse it to resume")] = None,
+    output: Annotated[Path | None, typer.Option(
+        help="where job directories go (default: outputs; with --deployment, the deployment's)")] = None,
+    drafter: Annotated[str | None, typer.Option(help="draft | ngram | none")] = None,
+    lookahead: Annotated[str | None, typer.Option(help="fixed:K | adaptive | slack")] = None,
+    order: Annotated[str | None, typer.Option(help="fcfs | sjf | laps-sd | specbatch")] = None,
+    prefill_chunk: Annotated[str | None, typer.Option(help="fixed:N | deadline")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
+    dataset_format: Annotated[str | None, typer.Option("--format", help="force the input format")] = None,
+    column: Annotated[list[str], typer.Option(help="column mapping field=source_column")] = [],  # noqa: B006
+    force: Annotated[bool, typer.Option(help="resume even if the dataset changed")] = False,
+    deployment: Annotated[str | None, typer.Option(
+        help="start a run of this deployment (NAME or specbatch-job/NAME) on the Prefect API in "
+             "PREFECT_API_URL instead of running here; paths must exist where its worker runs")] = None,
+    wait: Annotated[bool, typer.Option(help="with --deployment: watch the run until it ends")] = False,
+) -> None:
+    """Run a whole job and write everything under OUTPUT/JOB_ID/.
+
+    Runs the `specbatch-job` Prefect flow in this process, on Prefect's temporary local server with its
+    state in OUTPUT/.prefect (or on the server in PREFECT_API_URL, when set). Exit codes: 0 the job ran,
+    2 unusable input or config, 1 internal failure, 130 stopped (run the same command to resume).
+    """
+    from specbatch.job import prepare as jobs
+
+    overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
+                                prefill_chunk=prefill_chunk)
+    try:
+        _job_config(config, overrides)  # validated here too: exit 2 before anything starts
+        job_id = jobs.check_job_id(job_id or f"job-{time.strftime('%Y%m%d-%H%M%S')}")
+        column_map = _column_map(column)
+    except usage_errors() as error:
+        fail(str(error))
+    parameters = {"dataset": str(dataset.resolve()), "config": str(config.resolve()) if config else None,
+                  "overrides": overrides, "job_id": job_id, "force": force, "dataset_format": dataset_format,
+                  "column_map": column_map}
+    if deployment is not None:
+        _submit_deployment(deployment, {**parameters, "output": str(output.resolve()) if output else None}, wait)
+    else:
+        output = output or Path("outputs")
+        _submit_local({**parameters, "output": str(output)}, output / job_id)
+
+
+def _flag_overrides(overrides: list[str], **flags: str | None) -> list[str]:
+    """The shortcut flags as `--set` overrides; explicit `--set` values come last, so they win."""
+    mapping = {"drafter": "drafter.kind", "lookahead": "scheduler.lookahead", "order": "scheduler.order",
+               "prefill_chunk": "scheduler.prefill_chunk"}
+    return [*(f"{mapping[name]}={value}" for name, value in flags.items() if value is not None), *overrides]
+
+
+def _job_config(config: Path | None, overrides: list[str]) -> JobConfig:
+    from specbatch.config import load_config
+
+    return load_config(config, overrides)
+
+
+def _column_map(column: list[str]) -> dict[str, str] | None:
+    from specbatch.config import ConfigError
+
+    if any("=" not in item for item in column):
+        raise ConfigError(f"--column expects field=source_column, got {column}")
+    return dict(item.split("=", 1) for item in column) if column else None
+
+
+def _submit_local(parameters: dict[str, Any], job_dir: Path) -> None:
+    """Run the flow here with a Rich progress bar; exit with the job's code."""
+    from specbatch.job.prefect_local import start_local_prefect
+
+    server = start_local_prefect(Path(parameters["output"]))  # boots while torch and prefect are imported
+    from specbatch.job.flow import UNUSABLE_INPUT, LocalHooks, check_inputs, run_local, summary_from_dict
+
+    try:
+        job_config = _job_config(parameters["config"] and Path(parameters["config"]), parameters["overrides"])
+        check_inputs(parameters["dataset"], job_config, parameters["dataset_format"], parameters["column_map"])
+    except usage_errors() as error:
+        fail(str(error))
+    console.print(f"[bold]specbatch[/] job [cyan]{job_dir.name}[/] → {job_dir}")
+    hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
+    try:
+        with _progress_bar(hooks):
+            if server is not None:
+                server.wait_ready()
+            state = run_local(parameters, hooks)
+    except KeyboardInterrupt:
+        err.print(f"interrupted; run the same command to resume {job_dir.name}")
+        raise typer.Exit(EXIT_STOPPED) from None
+    except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
+        fail(f"internal failure: {error!r}", EXIT_INTERNAL)
+    if state.name == UNUSABLE_INPUT:
+        fail(state.message or "unusable input")
+    if state.is_completed() or state.is_cancelled():
+        _print_summary(summary_from_dict(state.result(raise_on_failure=False)))
+    if state.is_cancelled():
+        err.print(f"stopped: in-flight requests were recorded as cancelled; run the same command to resume "
+                  f"{job_dir.name}")
+        raise typer.Exit(EXIT_STOPPED)
+    if not state.is_completed():
+        fail(f"internal failure: {state.message} (details in {job_dir / 'error.log'} if written; "
+             "the job can be resumed)", EXIT_INTERNAL)
+
+
+@contextmanager
+def _progress_bar(hooks: LocalHooks) -> Iterator[Progress]:
+    """Show the hooks' progress: a spinner while Prefect starts and ingest runs, then the records bar."""
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]} tok/s  acceptance {task.fields[acceptance]}  "
+                          "dropped {task.fields[dropped]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("preparing", total=None, rate="-", acceptance="-", dropped=0)
+        state = {"already": 0, "started": time.perf_counter()}
+
+        def on_start(num_records: int, num_already: int) -> None:
+            state.update(already=num_already, started=time.perf_counter())
+            bar.update(task, description="records", total=num_records, completed=num_already)
+
+        def on_round(p: WorkerProgress) -> None:
+            elapsed = max(time.perf_counter() - state["started"], 1e-9)
+            acceptance = f"{p.num_accepted / p.num_proposed:.2f}" if p.num_proposed else "-"
+            bar.update(task, completed=state["already"] + p.num_done, acceptance=acceptance,
+                       rate=f"{p.num_committed_tokens / elapsed:.0f}", dropped=p.num_dropped)
+
+        hooks.on_start, hooks.on_round = on_start, on_round
+        yield bar
+
+
+def _submit_deployment(name: str, parameters: dict[str, Any], wait: bool) -> None:
+    """Start a run of deployment NAME on the configured Prefect API; with --wait, exit as the run ends."""
+    from specbatch.job.flow import UNUSABLE_INPUT, deployment_name, run_deployment_job
+
+    def on_state(flow_run: Any) -> None:
+        state = flow_run.state
+        console.print(f"flow run [cyan]{flow_run.name}[/] ({flow_run.id}): {state.name if state else '-'}"
+                      + (f" - {state.message}" if state and state.message and state.is_final() else ""))
+
+    parameters = {key: value for key, value in parameters.items() if value not in (None, [], False)}
+    try:
+        flow_run = run_deployment_job(name, parameters, wait, on_state)
+    except KeyboardInterrupt:
+        err.print("stopped watching; the flow run goes on (cancel it with `prefect flow-run cancel ID`)")
+        raise typer.Exit(EXIT_STOPPED) from None
+    except Exception as error:  # no API configured, server unreachable, no such deployment
+        fail(f"could not start a run of deployment {deployment_name(name)!r}: {error}")
+    state = flow_run.state
+    if not wait or state.is_completed():
+        return
+    if state.name == UNUSABLE_INPUT:
+        raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(EXIT_STOPPED if state.is_cancelled() else EXIT_INTERNAL)
+
+
+def _print_summary(summary: JobSummary) -> None:
+    table = Table(title=f"job {summary.job_dir.name}", show_header=False)
+    rows = [("records", summary.num_records), ("completed", summary.num_completed), ("dropped", summary.num_dropped),
+            ("cancelled", summary.num_cancelled), ("output tokens", summary.num_output_tokens)]
+    rows += [(f"  dropped: {reason}", count) for reason, count in sorted(summary.drop_reasons.items())]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    table.add_row("outputs", str(summary.job_dir))
+    console.print(table)
+
+
+@commands.command()
+def status(job: Annotated[str, typer.Argument(help="job id or job directory")],
+           output: Annotated[Path, typer.Option(help="where job directories go")] = Path("outputs")) -> None:
+    """Show a job's progress from its manifest and committed parts."""
+    from specbatch.job.manifest import load_manifest
+    from specbatch.job.prepare import summarize
+
+    job_dir = Path(job) if Path(job).is_dir() else output / job
+    try:
+        manifest = load_manifest(job_dir)
+    except (FileNotFoundError, *usage_errors()) as error:
+        fail(f"no job at {job_dir}: {error}")
+    summary = summarize(job_dir)
+    shards = Table(title=f"job {manifest.job_id}: {manifest.status}")
+    for column in ("shard", "records", "dropped at ingest", "status", "worker"):
+        shards.add_column(column)
+    for shard in manifest.shards:
+        shards.add_row(shard.name, str(shard.num_records), str(shard.num_dropped), shard.status, str(shard.worker_id))
+    console.print(shards)
+    _print_summary(summary)
+    console.print(_throughput_line(job_dir))
+
+
+def _throughput_line(job_dir: Path) -> str:
+    from specbatch.ledger import read_table
+
+    rounds = read_table(job_dir, "rounds").select(["started_s", "round_ms", "num_committed"]).to_pydict()
+    if not rounds["started_s"]:
+        return "no rounds committed yet"
+    ends_s = (s + ms / 1000 for s, ms in zip(rounds["started_s"], rounds["round_ms"], strict=True))
+    span = max(ends_s) - min(rounds["started_s"])
+    rate = sum(rounds["num_committed"]) / max(span, 1e-9)
+    return f"throughput so far: {rate:.1f} committed tokens/s over {span:.1f} s"

@@ -1,0 +1,48 @@
+"""`specbatch models`: where the bundled demo pair lives, and the recipe that trains it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specbatch.cli.common import console, fail
+
+commands = typer.Typer(name="models", no_args_is_help=True, help="The bundled demo model pair.")
+
+
+@commands.command("path")
+def models_path(which: Annotated[str, typer.Argument(help="target | draft")]) -> None:
+    """Print the directory of the bundled target or draft model."""
+    from specbatch.engine.loading import ModelLoadError, resolve_model_path
+
+    if which not in ("target", "draft"):
+        fail("expected 'target' or 'draft'")
+    try:
+        typer.echo(str(resolve_model_path(f"bundled:{which}")))
+    except ModelLoadError as error:
+        fail(str(error))
+
+
+@commands.command("train-demo")
+def train_demo(
+    output: Annotated[Path, typer.Option(help="where to write target/, draft/ and the model card")] = Path(
+        "specbatch/models/demo"),
+    target_steps: Annotated[int | None, typer.Option(help="override the recipe's target steps")] = None,
+    draft_steps: Annotated[int | None, typer.Option(help="override the recipe's draft steps")] = None,
+) -> None:
+    """Train the bundled pair from the standard library's code and pydoc topics (the recipe)."""
+    from dataclasses import replace
+
+    from specbatch.models.train_demo import Recipe, write_model_card
+    from specbatch.models.train_demo import train_demo as train
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    recipe = Recipe()
+    recipe = replace(recipe, target_steps=target_steps or recipe.target_steps,
+                     draft_steps=draft_steps or recipe.draft_steps)
+    card = train(output, recipe)
+    write_model_card(output, card)
+    console.print(f"trained pair written to {output}")
