@@ -11,10 +11,9 @@ import pytest
 from engine_helpers import greedy_reference
 
 from specbatch.config import JobConfig
-from specbatch.core import Row, SamplingParams
 from specbatch.engine.build import build_hf_engine, load_models
 from specbatch.engine.loading import BUNDLED_DIR
-from specbatch.lab.bench import heldout_prompts
+from specbatch.lab.prompts import heldout_prompts
 from specbatch.loop import MemoryRecorder, generate
 
 pytestmark = pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
@@ -36,12 +35,12 @@ def test_bundled_pair_is_exact_and_the_draft_is_accepted(bundled):
     prompts = heldout_prompts(bundled.tokenizer, 8, 32)
     recorder = MemoryRecorder()
     engine = build_hf_engine(JobConfig(), bundled, recorder)
-    rows = [Row(p.request_id, list(p.token_ids), SamplingParams(max_new_tokens=p.max_new_tokens), p.domain)
-            for p in prompts]
+    rows = [p.to_row() for p in prompts]
     generate(engine, rows)
     eos, pad = bundled.tokenizer.eos_token_id, bundled.tokenizer.pad_token_id
-    for prompt, row in zip(prompts, rows):
-        assert row.output_ids == greedy_reference(bundled.target, prompt.token_ids, prompt.max_new_tokens, eos, pad)
+    for prompt, row in zip(prompts, rows, strict=True):
+        assert row.output_ids == greedy_reference(bundled.target, list(prompt.prompt_ids), prompt.max_new_tokens,
+                                                  eos, pad)
     code = [r for r in rows if r.domain == "code"]
     assert sum(r.num_accepted for r in code) / sum(r.num_proposed for r in code) > 0.05  # k=4, α≈0.37
 

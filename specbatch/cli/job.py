@@ -16,8 +16,8 @@ from specbatch.cli.common import EXIT_INTERNAL, EXIT_STOPPED, EXIT_USAGE, consol
 
 if TYPE_CHECKING:
     from specbatch.config import JobConfig
+    from specbatch.job.finalize import JobSummary
     from specbatch.job.flow import LocalHooks
-    from specbatch.job.prepare import JobSummary
     from specbatch.job.worker import WorkerProgress
 
 commands = typer.Typer()
@@ -49,13 +49,13 @@ def submit(
     state in OUTPUT/.prefect (or on the server in PREFECT_API_URL, when set). Exit codes: 0 the job ran,
     2 unusable input or config, 1 internal failure, 130 stopped (run the same command to resume).
     """
-    from specbatch.job import prepare as jobs
+    from specbatch.job.prepare import check_job_id, default_job_id
 
     overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
                                 prefill_chunk=prefill_chunk)
     try:
         _job_config(config, overrides)  # validated here too: exit 2 before anything starts
-        job_id = jobs.check_job_id(job_id or f"job-{time.strftime('%Y%m%d-%H%M%S')}")
+        job_id = check_job_id(job_id or default_job_id())
         column_map = _column_map(column)
     except usage_errors() as error:
         fail(str(error))
@@ -191,8 +191,8 @@ def _print_summary(summary: JobSummary) -> None:
 def status(job: Annotated[str, typer.Argument(help="job id or job directory")],
            output: Annotated[Path, typer.Option(help="where job directories go")] = Path("outputs")) -> None:
     """Show a job's progress from its manifest and committed parts."""
+    from specbatch.job.finalize import summarize
     from specbatch.job.manifest import load_manifest
-    from specbatch.job.prepare import summarize
 
     job_dir = Path(job) if Path(job).is_dir() else output / job
     try:

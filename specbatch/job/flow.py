@@ -36,9 +36,10 @@ from prefect.states import Cancelled, Failed, State
 from specbatch.config import ConfigError, JobConfig, load_config
 from specbatch.data.ingest import DatasetError, resolve_dataset
 from specbatch.engine.loading import ModelLoadError, resolve_model_path
+from specbatch.job.finalize import JobSummary, finalize
 from specbatch.job.launch import launch_workers, stop_on_signals
 from specbatch.job.manifest import ManifestError, load_manifest
-from specbatch.job.prepare import JobError, JobSummary, check_job_id, finalize, prepare
+from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
 from specbatch.job.worker import WorkerProgress
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
 
@@ -194,10 +195,6 @@ def _write_error_log(job_dir: Path) -> None:
 def _attempt() -> int:
     context = TaskRunContext.get()
     return context.task_run.run_count if context is not None and context.task_run.run_count else 1
-
-
-def default_job_id() -> str:
-    return f"job-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _artifact_key(job_id: str) -> str:

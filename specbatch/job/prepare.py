@@ -1,4 +1,4 @@
-"""A job from dataset to outputs: prepare (manifest, ingest + shards), run workers, finalize.
+"""The first step of a job: create or resume its directory (manifest, ingest + shards).
 
 `prepare` is idempotent: a new job ingests; an existing one is resumed after checking the
 dataset's fingerprint. Every step leaves the job directory resumable: shards are rewritten from
@@ -7,9 +7,8 @@ scratch if ingest did not finish, and workers skip what already has a committed 
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
 from specbatch.config import JobConfig, config_to_dict
@@ -25,7 +24,7 @@ from specbatch.job.manifest import (
     save_manifest,
     update_manifest,
 )
-from specbatch.ledger import read_table, retire_cancelled_results
+from specbatch.ledger import retire_cancelled_results
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +33,8 @@ class JobError(ValueError):
     """A job that cannot start as asked (changed dataset, bad job id); exit code 2."""
 
 
-@dataclass(frozen=True)
-class JobSummary:
-    job_dir: Path
-    num_records: int
-    num_completed: int
-    num_dropped: int
-    num_cancelled: int
-    num_output_tokens: int
-    drop_reasons: dict[str, int]
-
-    @property
-    def is_complete(self) -> bool:
-        return self.num_completed + self.num_dropped == self.num_records
+def default_job_id() -> str:
+    return f"job-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def check_job_id(job_id: str) -> str:
@@ -98,68 +86,3 @@ def max_prompt_tokens(config: JobConfig) -> int:
 
 def _set_config(manifest: Manifest, config: JobConfig) -> None:
     manifest.config = config_to_dict(config)
-
-
-def summarize(job_dir: Path) -> JobSummary:
-    manifest = load_manifest(job_dir)
-    results = read_table(job_dir, "results").select(["status", "drop_reason", "num_output_tokens"]).to_pylist()
-    counts = {"completed": 0, "dropped": 0, "cancelled": 0}
-    reasons: dict[str, int] = {}
-    for row in results:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-        if row["status"] == "dropped":
-            reasons[row["drop_reason"]] = reasons.get(row["drop_reason"], 0) + 1
-    return JobSummary(job_dir, manifest.dataset.num_records, counts["completed"], counts["dropped"],
-                      counts["cancelled"], sum(r["num_output_tokens"] or 0 for r in results), reasons)
-
-
-def finalize(job_dir: Path) -> JobSummary:
-    """Export results.jsonl (and an OpenAI batch output file) and record the job's status."""
-    summary = summarize(job_dir)
-    manifest = load_manifest(job_dir)
-    export_results_jsonl(job_dir)
-    if manifest.dataset.format == "openai_batch":
-        export_openai_output(job_dir)
-    status = "done" if summary.is_complete else ("cancelled" if summary.num_cancelled else "running")
-
-    def change(m: Manifest) -> None:
-        m.status = status
-        m.counters = {"num_completed": summary.num_completed, "num_dropped": summary.num_dropped,
-                      "num_cancelled": summary.num_cancelled, "num_output_tokens": summary.num_output_tokens}
-
-    update_manifest(job_dir, change)
-    return summary
-
-
-def export_results_jsonl(job_dir: Path) -> Path:
-    path = job_dir / "results.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for row in read_table(job_dir, "results").to_pylist():
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def export_openai_output(job_dir: Path) -> Path:
-    """The OpenAI batch *output* format: one line per input line, by custom_id."""
-    from specbatch.job.openai_output import output_line
-
-    endpoints = _endpoints(job_dir)
-    path = job_dir / "openai_output.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for index, row in enumerate(read_table(job_dir, "results").to_pylist()):
-            out.write(json.dumps(output_line(row, endpoints.get(row["request_id"]), index)) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def _endpoints(job_dir: Path) -> dict[str, str | None]:
-    import pyarrow.parquet as pq
-
-    endpoints: dict[str, str | None] = {}
-    for shard in sorted((job_dir / "shards").glob("*.parquet")):
-        table = pq.read_table(shard, columns=["request_id", "endpoint"])
-        endpoints.update(zip(table.column("request_id").to_pylist(), table.column("endpoint").to_pylist()))
-    return endpoints

@@ -2,16 +2,17 @@
 specbatch with each drafter, and HF assisted generation, side by side in one process.
 
 Speed claims live here, never in timed unit tests. Every row also reports the work behind its
-speed (target passes and rows per token, padding, acceptance) and `exact_match` against the
-target's own greedy decoding of each prompt alone.
+speed (target passes and rows per token, padding apart, acceptance) and `exact_match` against the
+target's own greedy decoding of each prompt alone. `Work`, `run_engine` and `print_rows` are shared
+with the policy suite (`lab.policy_suite`), so both report the same quantities under the same names.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -20,63 +21,90 @@ from rich.table import Table
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import JobConfig, load_config
-from specbatch.core import Row, SamplingParams
+from specbatch.core import Row
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
+from specbatch.lab.prompts import BenchPrompt, heldout_prompts
 from specbatch.loop import MemoryRecorder
-from specbatch.models.corpus import documents
+from specbatch.records import RoundRecord
 
 
 @dataclass(frozen=True)
-class Prompt:
-    request_id: str
-    domain: str
-    token_ids: list[int]
-    max_new_tokens: int
+class Work:
+    """A run's raw target work in DESIGN §2 words; the rates both suites report derive from it.
+
+    Target rows never include padding: padded rows are counted apart, as in the `rounds` table and
+    sql/throughput_vs_cost.sql (target_rows_per_1k, padded_target_rows_per_1k). All positions the
+    target computed per token are target_rows_per_token + padded_target_rows_per_token.
+    """
+
+    num_committed: int
+    num_target_passes: int
+    num_target_rows: int  # Σ(1 + k) over decode rows + prefill chunk tokens
+    num_padded_target_rows: int  # positions computed only for shapes: buckets, ragged k, left padding
+    num_decode_rows: int  # verified rows; each commits its accepted drafts + one more token
+    num_proposed: int = 0
+    num_accepted: int = 0
+
+    @classmethod
+    def of_rounds(cls, rounds: list[RoundRecord]) -> Work:
+        return cls(**{f.name: sum(getattr(r, f.name) for r in rounds) for f in fields(cls)})
+
+    def rates(self) -> dict[str, float | None]:
+        tokens = max(self.num_committed, 1)
+        computed = self.num_target_rows + self.num_padded_target_rows
+        return {
+            "target_passes_per_token": self.num_target_passes / tokens,
+            "target_rows_per_token": self.num_target_rows / tokens,
+            "padded_target_rows_per_token": self.num_padded_target_rows / tokens,
+            "padded_share": self.num_padded_target_rows / max(computed, 1),
+            "acceptance": self.num_accepted / self.num_proposed if self.num_proposed else None,
+        }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BenchResult:
     name: str
     tokens_per_s: float
-    ratio_vs_hf_generate: float | None
-    target_passes_per_token: float | None  # None where the library does not expose its work
-    target_rows_per_token: float | None
-    padded_share: float | None
-    acceptance: float | None
-    tokens_per_pass: float | None
-    tokens_per_pass_theory: float | None
+    ratio_vs_hf_generate: float | None = None
+    # the work behind the speed (Work.rates); None where the library does not expose it
+    target_passes_per_token: float | None = None
+    target_rows_per_token: float | None = None  # padding apart (see Work)
+    padded_target_rows_per_token: float | None = None
+    padded_share: float | None = None
+    acceptance: float | None = None
+    tokens_per_pass: float | None = None
+    tokens_per_pass_theory: float | None = None
     exact_match: float
     num_prompts: int
     num_tokens: int
     wall_s: float
 
 
-def heldout_prompts(tokenizer, num_prompts: int, max_new_tokens: int, prompt_tokens: int = 48,
-                    seed: int = 0) -> list[Prompt]:
-    """Half code, half prose held-out documents; a prompt is a document's first tokens, and
-    max_new_tokens is drawn per request from [16, max_new_tokens]."""
-    rng = random.Random(seed)
-    pools = {domain: documents(domain, "heldout") for domain in ("code", "prose")}
-    for pool in pools.values():
-        rng.shuffle(pool)
-    prompts = []
-    for index in range(num_prompts):
-        domain = ("code", "prose")[index % 2]
-        doc = pools[domain][(index // 2) % len(pools[domain])]
-        ids = tokenizer(doc.text, add_special_tokens=False)["input_ids"][:prompt_tokens]
-        prompts.append(Prompt(f"{domain}-{index:04d}", domain, ids, rng.randint(min(16, max_new_tokens), max_new_tokens)))
-    return prompts
+def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
+               clock: Callable[[], float] = time.perf_counter) -> tuple[list[Row], MemoryRecorder, float]:
+    """One engine over all prompts at once; returns its rows, its records and the seconds `clock`
+    counted from building the engine (its slot caches count, as HF's own caches do) to the end.
+    Every time the engine records (arrivals, finishes, round_ms) is read from `clock`."""
+    started = clock()
+    recorder = MemoryRecorder()
+    engine = build_hf_engine(config, models, recorder)
+    engine.clock = clock
+    rows = [prompt.to_row() for prompt in prompts]
+    for row in rows:
+        engine.add(row)
+    engine.run()
+    return rows, recorder, clock() - started
 
 
 @torch.no_grad()
-def greedy_references(models: Models, prompts: list[Prompt]) -> dict[str, list[int]]:
+def greedy_references(models: Models, prompts: list[BenchPrompt]) -> dict[str, list[int]]:
     """The target's own greedy decoding of each prompt alone (batch size 1)."""
     eos, pad = sorted(eos_token_ids(models)), models.tokenizer.pad_token_id
     refs = {}
     for prompt in prompts:
-        out = models.target.generate(torch.tensor([prompt.token_ids]), max_new_tokens=prompt.max_new_tokens,
+        out = models.target.generate(torch.tensor([prompt.prompt_ids]), max_new_tokens=prompt.max_new_tokens,
                                      do_sample=False, eos_token_id=eos, pad_token_id=pad)
-        refs[prompt.request_id] = out[0, len(prompt.token_ids):].tolist()
+        refs[prompt.request_id] = out[0, len(prompt.prompt_ids):].tolist()
     return refs
 
 
@@ -89,47 +117,40 @@ def cut(tokens: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
 
 
 @torch.no_grad()
-def run_hf_generate(models: Models, prompts: list[Prompt], batch_size: int) -> tuple[dict, dict]:
-    """Fixed-size batches in dataset order, left padding, greedy, the batch's largest max_new_tokens."""
+def run_hf_generate(models: Models, prompts: list[BenchPrompt], batch_size: int) -> tuple[dict, Work]:
+    """Fixed-size batches in dataset order, left padding, greedy, the batch's largest max_new_tokens.
+    A row's target rows are its prompt and one position per output token after the first; the rest
+    of each batch's positions (left padding, rows already finished) are padded rows."""
     eos = eos_token_ids(models)
     pad = models.tokenizer.pad_token_id if models.tokenizer.pad_token_id is not None else sorted(eos)[0]
-    outputs, passes, rows = {}, 0, 0
+    outputs, passes, computed, target_rows = {}, 0, 0, 0
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start : start + batch_size]
-        width = max(len(p.token_ids) for p in batch)
-        ids = torch.tensor([[pad] * (width - len(p.token_ids)) + p.token_ids for p in batch])
-        mask = torch.tensor([[0] * (width - len(p.token_ids)) + [1] * len(p.token_ids) for p in batch])
+        width = max(len(p.prompt_ids) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p.prompt_ids)) + list(p.prompt_ids) for p in batch])
+        mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in batch])
         out = models.target.generate(ids, attention_mask=mask, max_new_tokens=max(p.max_new_tokens for p in batch),
                                      do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad)
         steps = out.shape[1] - width
         passes += steps
-        rows += len(batch) * width + len(batch) * max(steps - 1, 0)
+        computed += len(batch) * width + len(batch) * max(steps - 1, 0)
         for row, prompt in enumerate(batch):
             outputs[prompt.request_id] = cut(out[row, width:].tolist(), prompt.max_new_tokens, eos)
-    return outputs, {"passes": passes, "rows": rows}
+            target_rows += len(prompt.prompt_ids) + max(len(outputs[prompt.request_id]) - 1, 0)
+    tokens = sum(len(v) for v in outputs.values())
+    return outputs, Work(tokens, passes, target_rows, computed - target_rows, num_decode_rows=tokens)
 
 
 @torch.no_grad()
-def run_hf_assisted(models: Models, prompts: list[Prompt]) -> dict:
+def run_hf_assisted(models: Models, prompts: list[BenchPrompt]) -> dict:
     eos = eos_token_ids(models)
     outputs = {}
     for prompt in prompts:
-        out = models.target.generate(torch.tensor([prompt.token_ids]), assistant_model=models.draft,
+        out = models.target.generate(torch.tensor([prompt.prompt_ids]), assistant_model=models.draft,
                                      max_new_tokens=prompt.max_new_tokens, do_sample=False,
                                      eos_token_id=sorted(eos), pad_token_id=models.tokenizer.pad_token_id)
-        outputs[prompt.request_id] = cut(out[0, len(prompt.token_ids):].tolist(), prompt.max_new_tokens, eos)
+        outputs[prompt.request_id] = cut(out[0, len(prompt.prompt_ids):].tolist(), prompt.max_new_tokens, eos)
     return outputs
-
-
-def run_specbatch(config: JobConfig, models: Models, prompts: list[Prompt]) -> tuple[dict, MemoryRecorder]:
-    recorder = MemoryRecorder()
-    engine = build_hf_engine(config, models, recorder)
-    rows = [Row(p.request_id, list(p.token_ids), SamplingParams(max_new_tokens=p.max_new_tokens), p.domain)
-            for p in prompts]
-    for row in rows:
-        engine.add(row)
-    engine.run()
-    return {row.request_id: row.output_ids for row in rows}, recorder
 
 
 def exact_share(outputs: dict, refs: dict) -> float:
@@ -142,23 +163,26 @@ def theory_tokens_per_pass(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def summarize_engine(name, outputs, recorder, refs, wall_s, k) -> BenchResult:
+def bench_result(name: str, outputs: dict, refs: dict, wall_s: float, work: Work | None = None,
+                 theory: float | None = None) -> BenchResult:
+    """One row of the table; without `work` (a library that does not expose it) its rates are None."""
     tokens = sum(len(v) for v in outputs.values())
-    rounds = recorder.rounds
-    target_rows = sum(r.num_target_rows for r in rounds)
-    padded = sum(r.num_padded_target_rows for r in rounds)
-    proposed, accepted = sum(r.num_proposed for r in rounds), sum(r.num_accepted for r in rounds)
-    acceptance = accepted / proposed if proposed else None
+    rates: dict[str, float | None] = {}
+    if work is not None:
+        rates = {**work.rates(), "tokens_per_pass": work.num_committed / max(work.num_decode_rows, 1)}
+    return BenchResult(name=name, tokens_per_s=tokens / wall_s, **rates, tokens_per_pass_theory=theory,
+                       exact_match=exact_share(outputs, refs), num_prompts=len(outputs), num_tokens=tokens,
+                       wall_s=wall_s)
+
+
+def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs: dict, wall_s: float,
+                     k: int) -> BenchResult:
+    work = Work.of_rounds(recorder.rounds)
     # per-token α: of the drafts the rule reached, the share it accepted (a rejection ends a block)
     rejections = sum(1 for s in recorder.steps if s.num_accepted < s.num_proposed)
-    alpha = accepted / (accepted + rejections) if proposed else None
-    row_verifies = sum(r.num_decode_rows for r in rounds)
-    return BenchResult(
-        name, tokens / wall_s, None, sum(r.num_target_passes for r in rounds) / tokens,
-        (target_rows + padded) / tokens, padded / max(target_rows + padded, 1), acceptance,
-        tokens / max(row_verifies, 1), theory_tokens_per_pass(alpha, k) if alpha is not None else None,
-        exact_share(outputs, refs), len(outputs), tokens, wall_s,
-    )
+    alpha = work.num_accepted / (work.num_accepted + rejections) if work.num_proposed else None
+    theory = theory_tokens_per_pass(alpha, k) if alpha is not None else None
+    return bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s, work, theory)
 
 
 def run_bench(num_prompts: int, max_new_tokens: int, batch_size: int, config_path: Path | None = None,
@@ -172,59 +196,47 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_size: int, config_pat
     hf_logging.set_verbosity_error()
     refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
     if models.draft is not None:
-        run_specbatch(base, models, prompts[:batch_size])  # warm the draft and engine paths up
-    results: list[BenchResult] = []
+        run_engine(base, models, prompts[:batch_size])  # warm the draft and engine paths up
 
     started = time.perf_counter()
     outputs, work = run_hf_generate(models, prompts, batch_size)
-    wall = time.perf_counter() - started
-    tokens = sum(len(v) for v in outputs.values())
-    useful_rows = sum(len(p.token_ids) + len(outputs[p.request_id]) - 1 for p in prompts)
-    results.append(BenchResult("hf-generate", tokens / wall, 1.0, work["passes"] / tokens, work["rows"] / tokens,
-                               max(0.0, 1 - useful_rows / work["rows"]), None, 1.0, None,
-                               exact_share(outputs, refs), len(prompts), tokens, wall))
-    k = int(base.scheduler.lookahead.split(":")[1]) if base.scheduler.lookahead.startswith("fixed") else 0
+    results = [bench_result("hf-generate", outputs, refs, time.perf_counter() - started, work)]
+    spec = base.scheduler.lookahead
+    k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
     for drafter in ("none", "draft", "ngram"):
         config = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={batch_size}",
                                            f"drafter.kind={drafter}"])
         if drafter == "draft" and models.draft is None:
             continue
-        started = time.perf_counter()
-        outputs, recorder = run_specbatch(config, models, prompts)
-        wall = time.perf_counter() - started
-        results.append(summarize_engine(f"specbatch-{drafter}", outputs, recorder, refs, wall, 0 if drafter == "none" else k))
+        rows, recorder, wall_s = run_engine(config, models, prompts)
+        results.append(summarize_engine(f"specbatch-{drafter}", rows, recorder, refs, wall_s,
+                                        0 if drafter == "none" else k))
     if models.draft is not None:
         subset = prompts[: assisted_prompts or len(prompts)]
         started = time.perf_counter()
         outputs = run_hf_assisted(models, subset)
-        wall = time.perf_counter() - started
-        tokens = sum(len(v) for v in outputs.values())
-        results.append(BenchResult("hf-assisted", tokens / wall, None, None, None, None, None, None, None,
-                                   exact_share(outputs, refs), len(subset), tokens, wall))
+        results.append(bench_result("hf-assisted", outputs, refs, time.perf_counter() - started))
     for result in results:
         result.ratio_vs_hf_generate = result.tokens_per_s / results[0].tokens_per_s
-    print_results(results, console)
+    print_rows(console, "specbatch bench", [asdict(r) for r in results], COLUMNS)
     return results
 
 
-def print_results(results: list[BenchResult], console: Console) -> None:
-    table = Table(title="specbatch bench")
-    columns = {"name": "name", "tokens_per_s": "tok/s", "ratio_vs_hf_generate": "× hf-gen",
-               "target_passes_per_token": "passes/tok", "target_rows_per_token": "rows/tok", "padded_share": "padded",
-               "acceptance": "accept", "tokens_per_pass": "tok/pass", "tokens_per_pass_theory": "theory",
-               "exact_match": "exact", "num_prompts": "n"}
-    for column, header in columns.items():
-        table.add_column(header, justify="left" if column == "name" else "right", no_wrap=True)
-    for result in results:
-        values = asdict(result)
-        table.add_row(*(_fmt(values[c]) for c in columns))
+COLUMNS = {"name": ("name", ""), "tokens_per_s": ("tok/s", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
+           "target_passes_per_token": ("passes/tok", ".3f"), "target_rows_per_token": ("rows/tok", ".3f"),
+           "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"),
+           "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
+           "exact_match": ("exact", ".3f"), "num_prompts": ("n", "")}
+
+
+def print_rows(console: Console, title: str, rows: list[dict], columns: dict[str, tuple[str, str]]) -> None:
+    """One table: `columns` maps a key of each row to (header, format spec); None prints as '-'."""
+    table = Table(title=title)
+    for key, (header, _) in columns.items():
+        table.add_column(header, justify="left" if key == "name" else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*("-" if row[key] is None else format(row[key], spec) for key, (_, spec) in columns.items()))
     console.print(table)
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def write_json(results: list[BenchResult], path: Path) -> None:

@@ -4,8 +4,8 @@ one model pair, over a code + prose mix of held-out prompts arriving all at once
 Models load once. A short calibration sweep first fits the round-time cost model on this machine
 (`CostModel.fit` over its rounds); every suite run then schedules with that model, and its error on
 the suite's own rounds (which it never saw) is the reported held-out MAPE. Each run reports
-throughput and latency *and* the work behind them, apart: target rows per committed token (all
-positions the target computed, prefill and drafts included) and the padded share of them.
+throughput and latency *and* the work behind them, apart (`bench.Work`): target rows per committed
+token (prefill chunks and 1 + k per verified row, drafts included) and, counted apart, padded rows.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 from rich.console import Console
-from rich.table import Table
 
-from specbatch.config import JobConfig
-from specbatch.core import Row, SamplingParams
-from specbatch.engine.build import Models, build_hf_engine, load_models
+from specbatch.config import JobConfig, LookaheadSpec
+from specbatch.core import Row
+from specbatch.engine.build import Models, load_models
+from specbatch.lab.bench import Work, print_rows, run_engine
+from specbatch.lab.prompts import BenchPrompt, heldout_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.sched.costmodel import CostModel
 
@@ -40,38 +40,11 @@ CALIBRATION_LOOKAHEADS = ("none", "fixed:1", "fixed:4")
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 
 
-@dataclass(frozen=True)
-class BenchPrompt:
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    max_new_tokens: int
-    domain: str
-
-
-def heldout_prompts(tokenizer, num_prompts: int = 64, seed: int = 0, prompt_tokens: int = 48,
-                    min_new_tokens: int = 16, max_new_tokens: int = 256) -> list[BenchPrompt]:
-    """Half code, half prose (alternating): the first `prompt_tokens` tokens of held-out documents
-    drawn with a seeded RNG, each with max_new_tokens drawn uniformly in [min, max]."""
-    from specbatch.models.corpus import documents
-
-    rng = random.Random(seed)
-    picks: dict[str, list] = {}
-    for domain in ("code", "prose"):
-        docs = sorted(documents(domain, "heldout"), key=lambda d: d.doc_id)
-        picks[domain] = rng.sample(docs, min(len(docs), math.ceil(num_prompts / 2)))
-    prompts = []
-    for index in range(num_prompts):
-        domain = ("code", "prose")[index % 2]
-        doc = picks[domain][(index // 2) % len(picks[domain])]
-        ids = tuple(tokenizer(doc.text)["input_ids"][:prompt_tokens])
-        prompts.append(BenchPrompt(f"{domain}-{index:04d}", ids, rng.randint(min_new_tokens, max_new_tokens), domain))
-    return prompts
-
-
 def variant(config: JobConfig, lookahead: str, order: str, **scheduler: object) -> JobConfig:
     """`none` is the drafter switched off (plain decoding on the same path)."""
     drafter = config.drafter.model_copy(update={"kind": "none" if lookahead == "none" else "draft"})
-    updates = {"lookahead": "fixed:0" if lookahead == "none" else lookahead, "order": order, **scheduler}
+    spec = LookaheadSpec.parse("fixed:0" if lookahead == "none" else lookahead)
+    updates = {"lookahead": spec, "order": order, **scheduler}
     return config.model_copy(update={"drafter": drafter, "scheduler": config.scheduler.model_copy(update=updates)})
 
 
@@ -79,41 +52,25 @@ def run_once(config: JobConfig, models: Models, prompts: list[BenchPrompt], name
              clock: str = "wall") -> tuple[dict, MemoryRecorder]:
     """One engine over all prompts at once; returns its metrics and its records. Every time the
     engine records (arrivals, finishes, round_ms) is read from `clock` (see CLOCKS)."""
-    recorder = MemoryRecorder()
-    engine = build_hf_engine(config, models, recorder)
-    engine.clock = CLOCKS[clock]
-    rows = [Row(p.request_id, list(p.prompt_ids), SamplingParams(max_new_tokens=p.max_new_tokens),
-                     domain=p.domain) for p in prompts]
-    started = engine.clock()
-    for row in rows:
-        engine.add(row)
-    engine.run()
-    wall_s = engine.clock() - started
+    rows, recorder, wall_s = run_engine(config, models, prompts, CLOCKS[clock])
     return summarize(name, config, recorder, rows, wall_s), recorder
 
 
 def summarize(name: str, config: JobConfig, recorder: MemoryRecorder, rows: list[Row], wall_s: float) -> dict:
     rounds = recorder.rounds
-    committed = sum(r.num_committed for r in rounds)
-    target_rows = sum(r.num_target_rows for r in rounds)
-    padded = sum(r.num_padded_target_rows for r in rounds)
-    proposed = sum(r.num_proposed for r in rounds)
+    work = Work.of_rounds(rounds)
     completion = sorted(row.finished_s - row.arrival_s for row in rows if row.finished_s is not None)
-    decode_rows = sum(r.num_decode_rows for r in rounds)
     return {
         "name": name,
-        "lookahead": "none" if config.drafter.kind == "none" else config.scheduler.lookahead,
+        "lookahead": "none" if config.drafter.kind == "none" else str(config.scheduler.lookahead),
         "order": config.scheduler.order,
-        "tokens_per_s": committed / wall_s,
-        "target_rows_per_token": target_rows / max(committed, 1),
-        "padded_share": padded / max(target_rows + padded, 1),
+        "tokens_per_s": work.num_committed / wall_s,
+        **work.rates(),
+        "mean_k": work.num_proposed / max(work.num_decode_rows, 1),
         "mean_completion_s": sum(completion) / max(len(completion), 1),
         "p99_completion_s": _quantile(completion, 0.99),
         "wall_s": wall_s,
-        "num_committed": committed,
-        "target_passes_per_token": sum(r.num_target_passes for r in rounds) / max(committed, 1),
-        "acceptance": sum(r.num_accepted for r in rounds) / max(proposed, 1),
-        "mean_k": proposed / max(decode_rows, 1),
+        "num_committed": work.num_committed,
         "plan_share": sum(r.plan_ms for r in rounds) / max(sum(r.round_ms for r in rounds), 1e-9),
         "num_preemptions": sum(q.num_preemptions for q in recorder.requests),
         "num_rounds": len(rounds),
@@ -162,16 +119,16 @@ def calibrate(config: JobConfig, models: Models, prompts: list[BenchPrompt], max
               clock: str = "wall") -> CostModel:
     """Fit the cost model on runs over the suite's own shapes (batch sizes, k, KV lengths), budgets
     cut to max_new_tokens to keep it short."""
-    short = [BenchPrompt(p.request_id, p.prompt_ids, min(p.max_new_tokens, max_new_tokens), p.domain)
-             for p in prompts]
+    short = [replace(p, max_new_tokens=min(p.max_new_tokens, max_new_tokens)) for p in prompts]
     recorders = [run_once(variant(config, lookahead, "fcfs"), models, short, f"calibrate {lookahead}", clock)[1]
                  for lookahead in CALIBRATION_LOOKAHEADS]
     return CostModel.fit(rounds_table(recorders), source="bench_policies calibration sweep")
 
 
 def run_policy_suite(config: JobConfig, prompts: list[BenchPrompt] | None = None, json_path: Path | None = None,
-                     *, num_prompts: int = 64, lookaheads: tuple[str, ...] = DEFAULT_LOOKAHEADS,
-                     orders: tuple[str, ...] = DEFAULT_ORDERS, repeats: int = 1, seed: int = 0,
+                     *, num_prompts: int = 64, max_new_tokens: int = 256,
+                     lookaheads: tuple[str, ...] = DEFAULT_LOOKAHEADS, orders: tuple[str, ...] = DEFAULT_ORDERS,
+                     repeats: int = 1, seed: int = 0,
                      clock: str = "wall", models: Models | None = None, console: Console | None = None) -> dict:
     """Run every lookahead × order on one pair (loaded once), all requests at once; returns (and
     writes to json_path) {"results": [...], "cost_model": {...}, "goals": {...}} and prints a table.
@@ -183,7 +140,7 @@ def run_policy_suite(config: JobConfig, prompts: list[BenchPrompt] | None = None
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
     models = models or load_models(variant(config, "fixed:1", "fcfs"))
-    prompts = prompts or heldout_prompts(models.tokenizer, num_prompts, seed)
+    prompts = prompts or heldout_prompts(models.tokenizer, num_prompts, max_new_tokens, seed=seed)
     run_once(variant(config, "fixed:2", "fcfs"), models, prompts[:4], "warm-up", clock)
     cost = calibrate(config, models, prompts, clock=clock)
     grid = [(lookahead, order) for lookahead in lookaheads for order in orders]
@@ -209,7 +166,8 @@ def run_policy_suite(config: JobConfig, prompts: list[BenchPrompt] | None = None
                        "mape_heldout": mape(cost, suite_rounds), "mape_refit_in_sample": refit.mape,
                        "mape_cross_validated": cross_validated_mape(recorders), "refit": {**refit.__dict__}},
         "goals": goals(results),
-        "setup": {"num_prompts": len(prompts), "max_batch_rows": config.scheduler.max_batch_rows,
+        "setup": {"num_prompts": len(prompts), "max_new_tokens": max(p.max_new_tokens for p in prompts),
+                  "max_batch_rows": config.scheduler.max_batch_rows,
                   "lookaheads": list(lookaheads), "orders": list(orders), "repeats": repeats, "seed": seed,
                   "clock": clock, "num_threads": config.models.num_threads},
     }
@@ -220,11 +178,12 @@ def run_policy_suite(config: JobConfig, prompts: list[BenchPrompt] | None = None
 
 
 def median_summary(summaries: list[dict]) -> dict:
-    """Per metric, the median over repeats (names and labels from the first)."""
+    """Per metric, the median over the repeats that have it (names and labels from the first)."""
     merged = dict(summaries[0])
-    for key, value in merged.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            merged[key] = statistics.median(s[key] for s in summaries)
+    for key in merged:
+        values = [s[key] for s in summaries if isinstance(s[key], (int, float)) and not isinstance(s[key], bool)]
+        if values:
+            merged[key] = statistics.median(values)
     merged["num_repeats"] = len(summaries)
     return merged
 
@@ -247,17 +206,15 @@ def goals(results: list[dict]) -> dict:
     return out
 
 
+COLUMNS = {"name": ("name", ""), "tokens_per_s": ("tokens/s", ".1f"),
+           "target_rows_per_token": ("target rows/token", ".2f"), "padded_share": ("padded", ".1%"),
+           "mean_k": ("mean k", ".2f"), "acceptance": ("accept", ".2f"), "mean_completion_s": ("mean s", ".2f"),
+           "p99_completion_s": ("p99 s", ".2f"), "num_preemptions": ("preempt", ""), "plan_share": ("plan %", ".1%")}
+
+
 def print_table(report: dict, console: Console) -> None:
-    table = Table(title=f"policy suite (all requests at once; {report['setup']['clock']} clock)")
-    for column in ("name", "tokens/s", "target rows/token", "padded", "mean k", "accept", "mean s", "p99 s",
-                   "preempt", "plan %"):
-        table.add_column(column, justify="left" if column == "name" else "right")
-    for r in report["results"]:
-        table.add_row(r["name"], f"{r['tokens_per_s']:.1f}", f"{r['target_rows_per_token']:.2f}",
-                      f"{r['padded_share']:.1%}", f"{r['mean_k']:.2f}", f"{r['acceptance']:.2f}",
-                      f"{r['mean_completion_s']:.2f}", f"{r['p99_completion_s']:.2f}", str(r["num_preemptions"]),
-                      f"{r['plan_share']:.1%}")
-    console.print(table)
+    title = f"policy suite (all requests at once; {report['setup']['clock']} clock)"
+    print_rows(console, title, report["results"], COLUMNS)
     cost = report["cost_model"]
     cv = cost["mape_cross_validated"]
     console.print(f"cost model MAPE: calibration {cost['mape_calibration']:.1%}, calibrated model on the suite "

@@ -1,0 +1,49 @@
+"""The held-out prompts both benchmark suites run (`specbatch bench`, with or without `--suite policies`).
+
+A prompt is the first tokens of a held-out corpus document, never one the bundled pair trained on.
+Documents are tokenized as a job tokenizes its records (`PromptEncoder`: no special tokens), so a
+benchmark feeds the models the same ids a job over the same text would.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from specbatch.core import Row, SamplingParams
+from specbatch.data.shards import PromptEncoder
+from specbatch.models.corpus import Domain, documents
+
+DOMAINS: tuple[Domain, Domain] = ("code", "prose")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    request_id: str
+    domain: Domain
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+
+    def to_row(self) -> Row:
+        return Row(self.request_id, list(self.prompt_ids), SamplingParams(max_new_tokens=self.max_new_tokens),
+                   self.domain)
+
+
+def heldout_prompts(tokenizer: Any, num_prompts: int, max_new_tokens: int, *, min_new_tokens: int = 16,
+                    prompt_tokens: int = 48, seed: int = 0) -> list[BenchPrompt]:
+    """Code and prose alternating, each the first `prompt_tokens` tokens of a document drawn with a
+    seeded RNG (from documents sorted by id, so the draw does not depend on corpus order), with
+    max_new_tokens drawn uniformly in [min(min_new_tokens, max_new_tokens), max_new_tokens]."""
+    rng = random.Random(seed)
+    picks = {}
+    for domain in DOMAINS:
+        docs = sorted(documents(domain, "heldout"), key=lambda doc: doc.doc_id)
+        picks[domain] = rng.sample(docs, min(len(docs), math.ceil(num_prompts / 2)))
+    chosen = [picks[DOMAINS[i % 2]][(i // 2) % len(picks[DOMAINS[i % 2]])] for i in range(num_prompts)]
+    ids = PromptEncoder(tokenizer).encode([doc.text for doc in chosen])
+    low = min(min_new_tokens, max_new_tokens)
+    return [BenchPrompt(f"{doc.domain}-{index:04d}", doc.domain, tuple(token_ids[:prompt_tokens]),
+                        rng.randint(low, max_new_tokens))
+            for index, (doc, token_ids) in enumerate(zip(chosen, ids, strict=True))]
