@@ -152,7 +152,8 @@ class Engine:
             text=self.stops.text(row) if row.status is not Status.DROPPED else None,
             output_token_ids=list(row.output_ids), finish_reason=row.finish_reason,
             drop_reason=row.drop_reason, drop_message=row.drop_message,
-            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain, metadata=row.metadata,
+            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain,
+            metadata=row.metadata,
         ))
 
     def _round_record(self, plan: RoundPlan, outcome: RoundOutcome, commit: RoundCommit, started_s: float,

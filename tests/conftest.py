@@ -4,6 +4,7 @@ directories so the engine loads them exactly as it loads any user's model."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,17 +51,34 @@ def perturbed_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.
     return copy
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: a 2-thread torch on 2 busy cores stalls (threads wait on each
+    other), so rounds run up to 10x slower and their times swing by 100x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def save_pair(root: Path, target: torch.nn.Module, draft: torch.nn.Module, tokenizer: PreTrainedTokenizerFast,
+              tokenizer_apart: bool = False) -> tuple[Path, Path, PreTrainedTokenizerFast]:
+    """Save the pair as local HF directories root/target and root/draft, each with the tokenizer,
+    or with it apart in root/tokenizer (for a vocabulary the tokenizer does not match)."""
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+    for name in ("tokenizer",) if tokenizer_apart else ("target", "draft"):
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft", tokenizer
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """(target_dir, draft_dir, tokenizer): Llama target, perturbed-copy draft, shared tokenizer."""
     root = tmp_path_factory.mktemp("tiny_pair")
     tokenizer = make_tokenizer()
     target = llama(len(tokenizer), 64, 2, seed=0, eos=tokenizer.eos_token_id)
-    draft = perturbed_copy(target, 0.3, seed=1)
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root / "target", root / "draft", tokenizer
+    return save_pair(root, target, perturbed_copy(target, 0.3, seed=1), tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -72,11 +90,7 @@ def tiny_gpt2(tmp_path_factory):
                         initializer_range=0.2, eos_token_id=tokenizer.eos_token_id,
                         bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     target = GPT2LMHeadModel(config).eval()
-    draft = perturbed_copy(target, 0.3, seed=4)
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root / "target", root / "draft", tokenizer
+    return save_pair(root, target, perturbed_copy(target, 0.3, seed=4), tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +102,4 @@ def small_vocab_pair(tmp_path_factory):
                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
                          initializer_range=0.3, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     target = LlamaForCausalLM(config).eval()
-    draft = perturbed_copy(target, 0.5, seed=8)
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(root / name)
-    tokenizer = make_tokenizer()
-    tokenizer.save_pretrained(root / "tokenizer")
-    return root / "target", root / "draft", tokenizer
+    return save_pair(root, target, perturbed_copy(target, 0.5, seed=8), make_tokenizer(), tokenizer_apart=True)

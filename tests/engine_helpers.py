@@ -53,6 +53,12 @@ def run_engine(config, requests, lookahead=None, models=None, **params):
     return generate(engine, rows), recorder, engine
 
 
+def assert_exact(rows: dict[str, Row], refs: list[list[int]]) -> None:
+    """Request r{i}'s output equals refs[i], the target's own greedy decoding, for every i."""
+    for i, ref in enumerate(refs):
+        assert rows[f"r{i}"].output_ids == ref, f"request r{i} diverged from the target's greedy output"
+
+
 def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos: int, pad: int) -> list[int]:
     """The target's own greedy decoding of one prompt alone (batch size 1), via HF generate."""
     output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,

@@ -37,7 +37,7 @@ def results(job_dir: Path) -> list[dict]:
     con = duckdb.connect()
     rows = con.execute(f"SELECT * FROM read_parquet('{job_dir}/results/*.parquet') ORDER BY request_id").fetchall()
     names = [d[0] for d in con.description]
-    return [dict(zip(names, row)) for row in rows]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

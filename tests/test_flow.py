@@ -21,7 +21,7 @@ from specbatch.job.flow import (
     LocalHooks,
     finalize_job,
     ingest_and_shard,
-    run_local,
+    local_hooks,
     run_workers,
     specbatch_job,
 )
@@ -81,11 +81,13 @@ def test_local_stop_ends_cancelled_and_the_job_resumes(harness, tmp_path, tiny_p
     started = []
     stopped = LocalHooks(stop_requested=threading.Event(), on_start=lambda *args: started.append(args))
     stopped.stop_requested.set()  # as if Ctrl-C came before the first round
-    state = run_local(parameters, stopped)
+    with local_hooks(stopped):
+        state = specbatch_job(**parameters, return_state=True)
     assert state.is_cancelled() and started == [(len(ids), 0)]
     assert state.result(raise_on_failure=False)["stopped"] is True
     rounds = []
-    state = run_local(parameters, LocalHooks(on_round=rounds.append))
+    with local_hooks(LocalHooks(on_round=rounds.append)):
+        state = specbatch_job(**parameters, return_state=True)
     assert state.is_completed() and rounds and rounds[-1].num_done == len(ids)
     assert _request_ids(tmp_path / "o" / "flow-3") == sorted(ids)
 

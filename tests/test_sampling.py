@@ -44,10 +44,8 @@ def _empirical(draft_probs, target_probs, draft_token_law, trials=20000):
 def test_accept_sampled_first_token_follows_target_law(point_mass):
     p = torch.tensor([[0.1, 0.6, 0.3], [0.2, 0.2, 0.6]], dtype=torch.float64)
     q = torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64)
-    if point_mass:  # n-gram style: always proposes token 0, q(x) = 1
-        law = _empirical(None, p, torch.tensor([1.0, 0.0, 0.0]))
-    else:
-        law = _empirical(q, p, q[0])
+    # n-gram style (point mass): always proposes token 0, q(x) = 1
+    law = _empirical(None, p, torch.tensor([1.0, 0.0, 0.0])) if point_mass else _empirical(q, p, q[0])
     assert torch.allclose(law, p[0].float(), atol=0.015)
 
 

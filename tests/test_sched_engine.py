@@ -4,7 +4,7 @@ whatever the order (with its preemptions by recompute), lookahead, prefill chunk
 from __future__ import annotations
 
 import pytest
-from engine_helpers import greedy_reference, random_prompts, run_engine, tiny_config
+from engine_helpers import assert_exact, greedy_reference, random_prompts, run_engine, tiny_config
 
 from specbatch.engine.build import load_models
 
@@ -30,11 +30,6 @@ def setup(full_setup):
     cut = [min(m, MAX_NEW_TOKENS) for _, m in requests]
     cut_requests = [(p, c) for (p, _), c in zip(requests, cut, strict=True)]
     return models, cut_requests, [r[:c] for r, c in zip(refs, cut, strict=True)]
-
-
-def assert_exact(rows, refs) -> None:
-    for i, ref in enumerate(refs):
-        assert rows[f"r{i}"].output_ids == ref, f"request r{i} diverged from the target's greedy output"
 
 
 @pytest.mark.parametrize("order", ["fcfs", "sjf", "laps-sd", "specbatch"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from job_helpers import write_jsonl
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -47,11 +48,6 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 def config(shard_size: int = 256, group_window: int = 4096) -> JobConfig:
     return JobConfig.model_validate({"io": {"shard_size": shard_size, "group_window": group_window}})
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(record) + "\n" for record in records))
-    return path
 
 
 def all_rows(job_dir: Path) -> list[dict]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from engine_helpers import random_prompts, run_engine, tiny_config
 
 from specbatch.config import load_config
@@ -28,15 +27,6 @@ def sim_run(config, rows, outputs, acceptance, cost=COST):
         engine.add(row)
     engine.run()
     return recorder, clock
-
-
-@pytest.fixture
-def one_thread():
-    """A 2-thread torch on 2 busy cores stalls (threads wait on each other): 10x slower here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def counters(record) -> dict:

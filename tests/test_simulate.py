@@ -11,12 +11,11 @@ import time
 
 import pyarrow.compute as pc
 import pytest
-import torch
 from engine_helpers import random_prompts, tiny_config
 from rich.console import Console
 
 from specbatch import ledger
-from specbatch.config import load_config
+from specbatch.config import PrefillChunkSpec, load_config
 from specbatch.core import Row, SamplingParams
 from specbatch.engine.build import build_hf_engine, load_models
 from specbatch.lab.calibrate import calibrate
@@ -99,22 +98,12 @@ def test_report_and_policy_comparison(tmp_path):
 
 def test_policy_specs_and_acceptance_specs():
     config = small_config()
-    assert policy_config(config, "laps-sd/adaptive/deadline").scheduler.prefill_chunk == "deadline"
+    assert policy_config(config, "laps-sd/adaptive/deadline").scheduler.prefill_chunk == PrefillChunkSpec("deadline")
     assert policy_config(config, "fcfs//fixed:64/max_batch_rows=4").scheduler.max_batch_rows == 4
     with pytest.raises(ValueError):
         policy_config(config, "nope")
     assert parse_acceptance("0.7").domains == {"*": (0.7, 20.0)}
     assert parse_acceptance("code=0.9:5,*=0.5").domains == {"code": (0.9, 5.0), "*": (0.5, 20.0)}
-
-
-@pytest.fixture
-def one_thread():
-    """Round times of a 2-thread torch on 2 busy cores swing by 100x (threads wait on each other);
-    one thread keeps the real job's rounds near their cost."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_real_job(pair, job_dir, num_requests: int, *overrides: str):

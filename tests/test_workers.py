@@ -87,7 +87,8 @@ def _worker_pid(job_dir: Path, rank: str, timeout_s: float = 120.0) -> int:
         for process in psutil.process_iter(["cmdline"]):
             try:
                 cmdline = process.info["cmdline"] or []
-                if "specbatch.job.worker" in cmdline and str(job_dir) in cmdline and process.environ().get("RANK") == rank:
+                ours = "specbatch.job.worker" in cmdline and str(job_dir) in cmdline
+                if ours and process.environ().get("RANK") == rank:
                     return process.pid
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

@@ -64,9 +64,25 @@ def submit(
                   "column_map": column_map}
     if deployment is not None:
         _submit_deployment(deployment, {**parameters, "output": str(output.resolve()) if output else None}, wait)
-    else:
-        output = output or Path("outputs")
-        _submit_local({**parameters, "output": str(output)}, output / job_id)
+        return
+    output = output or Path("outputs")
+    parameters["output"] = str(output)
+    job_dir = output / job_id
+    server = _start_prefect_and_check(parameters, job_dir)
+    from specbatch.job.flow import LocalHooks, local_hooks, specbatch_job
+
+    hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
+    try:
+        with _progress_bar(hooks), local_hooks(hooks):
+            if server is not None:
+                server.wait_ready()
+            state = specbatch_job(**parameters, return_state=True)  # the flow, in this process
+    except KeyboardInterrupt:
+        err.print(f"interrupted; run the same command to resume {job_dir.name}")
+        raise typer.Exit(EXIT_STOPPED) from None
+    except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
+        fail(f"internal failure: {error!r}", EXIT_INTERNAL)
+    _exit_as(state, job_dir)
 
 
 def _flag_overrides(overrides: list[str], **flags: str | None) -> list[str]:
@@ -90,12 +106,13 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in column) if column else None
 
 
-def _submit_local(parameters: dict[str, Any], job_dir: Path) -> None:
-    """Run the flow here with a Rich progress bar; exit with the job's code."""
+def _start_prefect_and_check(parameters: dict[str, Any], job_dir: Path) -> Any:
+    """Boot Prefect's local server (while torch and prefect import) and fail fast on unusable input;
+    returns the server to wait for, or None when PREFECT_API_URL names one."""
     from specbatch.job.prefect_local import start_local_prefect
 
-    server = start_local_prefect(Path(parameters["output"]))  # boots while torch and prefect are imported
-    from specbatch.job.flow import UNUSABLE_INPUT, LocalHooks, check_inputs, run_local, summary_from_dict
+    server = start_local_prefect(Path(parameters["output"]))
+    from specbatch.job.flow import check_inputs
 
     try:
         job_config = _job_config(parameters["config"] and Path(parameters["config"]), parameters["overrides"])
@@ -103,17 +120,13 @@ def _submit_local(parameters: dict[str, Any], job_dir: Path) -> None:
     except usage_errors() as error:
         fail(str(error))
     console.print(f"[bold]specbatch[/] job [cyan]{job_dir.name}[/] → {job_dir}")
-    hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
-    try:
-        with _progress_bar(hooks):
-            if server is not None:
-                server.wait_ready()
-            state = run_local(parameters, hooks)
-    except KeyboardInterrupt:
-        err.print(f"interrupted; run the same command to resume {job_dir.name}")
-        raise typer.Exit(EXIT_STOPPED) from None
-    except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
-        fail(f"internal failure: {error!r}", EXIT_INTERNAL)
+    return server
+
+
+def _exit_as(state: Any, job_dir: Path) -> None:
+    """Print the job's summary and exit with its code (0 when it ran to the end)."""
+    from specbatch.job.flow import UNUSABLE_INPUT, summary_from_dict
+
     if state.name == UNUSABLE_INPUT:
         fail(state.message or "unusable input")
     if state.is_completed() or state.is_cancelled():
@@ -195,9 +208,10 @@ def status(job: Annotated[str, typer.Argument(help="job id or job directory")],
     from specbatch.job.manifest import load_manifest
 
     job_dir = Path(job) if Path(job).is_dir() else output / job
+    missing: tuple[type[Exception], ...] = (FileNotFoundError, *usage_errors())
     try:
         manifest = load_manifest(job_dir)
-    except (FileNotFoundError, *usage_errors()) as error:
+    except missing as error:
         fail(f"no job at {job_dir}: {error}")
     summary = summarize(job_dir)
     shards = Table(title=f"job {manifest.job_id}: {manifest.status}")

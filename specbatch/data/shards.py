@@ -210,7 +210,8 @@ def _windows(requests: Iterable[Request], size: int) -> Iterator[list[Request]]:
 def _tokenize(window: list[Request], encoder: PromptEncoder, max_prompt_tokens: int | None) -> None:
     """Token ids for the window's valid prompts; a prompt with no tokens or too many is dropped."""
     live = [request for request in window if not request.is_dropped]
-    for request, token_ids in zip(live, encoder.encode([request.prompt for request in live]), strict=True):
+    prompts = [request.prompt for request in live if request.prompt is not None]  # every live request has one
+    for request, token_ids in zip(live, encoder.encode(prompts), strict=True):
         request.num_prompt_tokens = len(token_ids)
         if not token_ids:
             _drop_late(request, "empty_prompt", "prompt has no tokens after tokenization")

@@ -9,34 +9,23 @@ import time
 
 import torch
 
-from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
+from specbatch.core import Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
 from specbatch.engine.drafters import Drafter
-from specbatch.engine.forward import forward_rows
+from specbatch.engine.forward import SlotModel
 from specbatch.engine.sampling import accept_greedy, accept_sampled, request_generator, warp
 from specbatch.engine.slot_cache import SlotCache
-from specbatch.sched.buckets import ShapeBuckets
 
 
 class HFBackend:
-    def __init__(
-        self,
-        target: torch.nn.Module,
-        target_cache: SlotCache,
-        drafter: Drafter,
-        buckets: ShapeBuckets,
-        vocab_size: int,
-        mask_dtype: torch.dtype | None,
-        job_seed: int = 0,
-        draft_cache: SlotCache | None = None,
-    ) -> None:
-        self.target, self.cache, self.drafter, self.buckets = target, target_cache, drafter, buckets
+    def __init__(self, target: SlotModel, drafter: Drafter, vocab_size: int, job_seed: int = 0,
+                 draft_cache: SlotCache | None = None) -> None:
+        self.target, self.cache, self.drafter = target, target.cache, drafter
         self.draft_cache = draft_cache  # moved along with the target's when rows change slots
-        self.vocab_size, self.mask_dtype, self.job_seed = vocab_size, mask_dtype, job_seed
-        self.scratch_slot = target_cache.num_slots - 1
+        self.vocab_size, self.job_seed = vocab_size, job_seed
         self.slot_of: dict[str, int] = {}  # request id -> slot
         self.slot_owner: dict[int, Row] = {}
         self.generators: dict[str, torch.Generator] = {}
-        self._sync = torch.cuda.synchronize if target_cache.keys[0].is_cuda else (lambda: None)
+        self._sync = torch.cuda.synchronize if self.cache.keys[0].is_cuda else (lambda: None)
 
     @property
     def num_slots(self) -> int:
@@ -56,56 +45,51 @@ class HFBackend:
             self.generators.pop(row.request_id, None)
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
+        """Prefill pass (the draft cache alongside), drafting, one verify pass, the acceptance rule."""
         outcome = RoundOutcome()
         self._arrange_slots([row for row, _ in plan.decode])
-        decode = sorted(plan.decode, key=lambda item: self.slot_of[item[0].request_id])  # slots 0..D-1: a view
         if plan.prefill:
             started = time.perf_counter()
-            outcome.prefill_shape, outcome.num_draft_prefill_rows = self._prefill(plan.prefill)
+            rows = [row for row, _ in plan.prefill]
+            chunks = [row.token_ids[row.num_computed : row.num_computed + size] for row, size in plan.prefill]
+            slots = self._slots(rows)
+            _, outcome.prefill_shape = self.target.forward(slots, [r.num_computed for r in rows], chunks,
+                                                           keep_logits=False)
+            outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
             self._sync()
             outcome.prefill_ms = (time.perf_counter() - started) * 1000
-        if decode:
+        if plan.decode:
+            decode = sorted(plan.decode, key=lambda item: self.slot_of[item[0].request_id])  # slots 0..D-1: a view
             rows, ks = [row for row, _ in decode], [k for _, k in decode]
-            slots = [self.slot_of[row.request_id] for row in rows]
-            starts = [plan.computed_after_prefill(row) for row in rows]
+            slots, starts = self._slots(rows), [plan.computed_after_prefill(row) for row in rows]
             draft_starts = [start if row.num_computed < start else row.num_draft_computed  # prefilled alongside
                             for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
-            outcome.proposals = self.drafter.propose(rows, ks, slots, draft_starts, self.generators)
+            proposals = outcome.proposals = self.drafter.propose(rows, ks, slots, draft_starts, self.generators)
             self._sync()
             outcome.draft_ms = (time.perf_counter() - started) * 1000
             started = time.perf_counter()
-            outcome.rows, outcome.verify_shape = self._verify(rows, ks, slots, starts, outcome.proposals)
+            chunks = [[row.token_ids[-1]] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
+            logits, outcome.verify_shape = self.target.forward(slots, starts, chunks)
+            assert logits is not None
+            outcome.rows = self._accept(rows, ks, logits[..., : self.vocab_size], proposals)
             outcome.verify_ms = (time.perf_counter() - started) * 1000
         return outcome
 
-    def _prefill(self, work: list[tuple[Row, int]]) -> tuple[PassShape, int]:
-        rows = [row for row, _ in work]
-        slots = [self.slot_of[row.request_id] for row in rows]
-        chunks = [row.token_ids[row.num_computed : row.num_computed + size] for row, size in work]
-        bucket = self.buckets.fit(len(rows), max(len(c) for c in chunks))
-        _, shape = forward_rows(
-            self.target, self.cache, slots, [r.num_computed for r in rows], chunks,
-            bucket.query_len, bucket.batch_rows, self.buckets, self.mask_dtype, self.scratch_slot, keep_logits=False,
-        )
-        if not self.drafter.uses_model:
-            return shape, 0
-        # the draft cache catches up to the same end as the target's
-        draft_chunks = [row.token_ids[row.num_draft_computed : row.num_computed + size] for row, size in work]
-        draft_shape = self.drafter.prefill(slots, [r.num_draft_computed for r in rows], draft_chunks)
-        return shape, draft_shape.num_real_positions if draft_shape else 0
+    def _slots(self, rows: list[Row]) -> list[int]:
+        return [self.slot_of[row.request_id] for row in rows]
 
-    def _verify(
-        self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int], proposals: Proposals
-    ) -> tuple[list[RowOutcome], PassShape]:
-        chunks = [[row.token_ids[-1]] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
-        bucket = self.buckets.fit(len(rows), max(len(c) for c in chunks))
-        logits, shape = forward_rows(
-            self.target, self.cache, slots, starts, chunks,
-            bucket.query_len, bucket.batch_rows, self.buckets, self.mask_dtype, self.scratch_slot,
-        )
-        assert logits is not None
-        logits = logits[..., : self.vocab_size]  # [rows, query_len, vocab]
+    def _draft_prefill(self, work: list[tuple[Row, int]], slots: list[int]) -> int:
+        """Catch the draft cache up to the same end as the target's; returns the draft rows computed."""
+        if not self.drafter.uses_model:
+            return 0
+        chunks = [row.token_ids[row.num_draft_computed : row.num_computed + size] for row, size in work]
+        shape = self.drafter.prefill(slots, [row.num_draft_computed for row, _ in work], chunks)
+        return shape.num_real_positions if shape else 0
+
+    def _accept(self, rows: list[Row], ks: list[int], logits: torch.Tensor, proposals: Proposals
+                ) -> list[RowOutcome]:
+        """The acceptance rule per row over the verify logits [rows, query_len, vocab]."""
         argmax = logits.argmax(dim=-1).tolist()  # [rows, query_len]
         self._sync()
         outcomes = []
@@ -120,7 +104,7 @@ class HFBackend:
                 )
             outcomes.append(RowOutcome(row, k, drafts, num_accepted, drafts[:num_accepted] + [token],
                                        proposals.num_fed[index]))
-        return outcomes, shape
+        return outcomes
 
     def _arrange_slots(self, decode_rows: list[Row]) -> None:
         """Keep decode rows in slots 0..D-1 so the verify pass reads a view of the cache instead of
@@ -128,7 +112,7 @@ class HFBackend:
         held = {self.slot_of[row.request_id] for row in decode_rows}
         holes = [slot for slot in range(len(decode_rows)) if slot not in held]
         movers = [row for row in decode_rows if self.slot_of[row.request_id] >= len(decode_rows)]
-        for row, hole in zip(movers, holes):
+        for row, hole in zip(movers, holes, strict=True):
             self._move(row, hole)
 
     def _move(self, row: Row, slot: int) -> None:

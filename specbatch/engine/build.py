@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
 from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
+from specbatch.engine.forward import SlotModel
 from specbatch.engine.loading import (
     ModelLoadError,
     check_same_tokenizer,
@@ -28,8 +29,8 @@ from specbatch.sched.factory import max_lookahead
 class Models:
     """Loaded once per worker and reused by every engine it builds."""
 
-    target: torch.nn.Module
-    draft: torch.nn.Module | None
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
 
 
@@ -75,7 +76,7 @@ def eos_token_ids(models: Models) -> set[int]:
     return ids
 
 
-def _slot_cache(model: torch.nn.Module, num_slots: int, slot_len: int) -> SlotCache:
+def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int) -> SlotCache:
     shape = kv_shape(model)
     device = next(model.parameters()).device
     return SlotCache(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, slot_len,
@@ -95,16 +96,18 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
     if config.drafter.kind == "draft":
         assert models.draft is not None
         draft_cache = _slot_cache(models.draft, num_slots, slot_len)
-        drafter = DraftModelDrafter(models.draft, draft_cache, vocab_size, mask_dtype, num_slots - 1, buckets)
+        drafter = DraftModelDrafter(SlotModel(models.draft, draft_cache, buckets, mask_dtype, pad_to_bucket=False),
+                                    vocab_size)
     elif config.drafter.kind == "ngram":
         drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
     else:
         drafter = NoDrafter()
-    backend = HFBackend(models.target, _slot_cache(models.target, num_slots, slot_len), drafter, buckets,
-                        vocab_size, mask_dtype, config.seed, draft_cache)
+    target = SlotModel(models.target, _slot_cache(models.target, num_slots, slot_len), buckets, mask_dtype,
+                       pad_to_bucket=True)
+    backend = HFBackend(target, drafter, vocab_size, config.seed, draft_cache)
     tokenizer = models.tokenizer
     limits = EngineLimits(context, kv_capacity_tokens(config, models, slot_len), frozenset(eos_token_ids(models)),
-                          lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                          lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)))
     return backend, limits
 
 

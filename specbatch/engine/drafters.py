@@ -13,10 +13,8 @@ from typing import Protocol
 import torch
 
 from specbatch.core import PassShape, Proposals, Row
-from specbatch.engine.forward import forward_rows
+from specbatch.engine.forward import SlotModel
 from specbatch.engine.sampling import sample, warp
-from specbatch.engine.slot_cache import SlotCache
-from specbatch.sched.buckets import ShapeBuckets
 
 
 class Drafter(Protocol):
@@ -66,28 +64,11 @@ class NgramDrafter(NoDrafter):
 class DraftModelDrafter:
     uses_model = True
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        cache: SlotCache,
-        vocab_size: int,
-        mask_dtype: torch.dtype | None,
-        scratch_slot: int,
-        buckets: ShapeBuckets,
-    ) -> None:
-        self.model, self.cache, self.vocab_size = model, cache, vocab_size
-        self.mask_dtype, self.scratch_slot, self.buckets = mask_dtype, scratch_slot, buckets
-
-    def _forward(self, slots: list[int], num_computed: list[int], chunks: list[list[int]],
-                 keep_logits: bool = True) -> tuple[torch.Tensor | None, PassShape]:
-        query_len = max(len(chunk) for chunk in chunks)
-        return forward_rows(
-            self.model, self.cache, slots, num_computed, chunks, query_len, len(slots),
-            self.buckets, self.mask_dtype, self.scratch_slot, keep_logits,
-        )
+    def __init__(self, draft: SlotModel, vocab_size: int) -> None:
+        self.draft, self.vocab_size = draft, vocab_size  # vocab_size: the target's
 
     def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
-        return self._forward(slots, num_computed, chunks, keep_logits=False)[1]
+        return self.draft.forward(slots, num_computed, chunks, keep_logits=False)[1]
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
                 generators: Mapping[str, torch.Generator]) -> Proposals:
@@ -99,7 +80,7 @@ class DraftModelDrafter:
         while active:
             # step 0 catches the draft cache up (pending token, and any lag); later steps feed the last draft
             chunks = [rows[i].token_ids[fed_to[i] :] if step == 0 else proposals.tokens[i][-1:] for i in active]
-            logits, shape = self._forward([slots[i] for i in active], [fed_to[i] for i in active], chunks)
+            logits, shape = self.draft.forward([slots[i] for i in active], [fed_to[i] for i in active], chunks)
             assert logits is not None
             last = logits[torch.arange(len(active)), torch.tensor([len(c) - 1 for c in chunks])]  # [rows, vocab]
             last = self._to_target_vocab(last)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import ModelsConfig
@@ -52,7 +52,7 @@ def resolve_model_path(name: str) -> Path:
     return path
 
 
-def kv_shape(model: torch.nn.Module) -> KVShape:
+def kv_shape(model: PreTrainedModel) -> KVShape:
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -71,7 +71,7 @@ def load_tokenizer(models: ModelsConfig) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"cannot load a tokenizer from {path}: {error}") from error
 
 
-def load_model(name: str, models: ModelsConfig) -> torch.nn.Module:
+def load_model(name: str, models: ModelsConfig) -> PreTrainedModel:
     path = resolve_model_path(name)
     hf_logging.disable_progress_bar()
     try:
@@ -81,7 +81,7 @@ def load_model(name: str, models: ModelsConfig) -> torch.nn.Module:
         )
     except (OSError, ValueError, KeyError) as error:
         raise ModelLoadError(f"cannot load a causal LM from {path}: {error}") from error
-    return model.to(models.device).eval()
+    return model.to(models.device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
 
 
 def check_same_tokenizer(target_dir: str, draft_dir: str, tokenizer: PreTrainedTokenizerBase,

@@ -59,6 +59,7 @@ class SlotCache(Cache):
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # key_states / value_states: [batch, num_kv_heads, query_len, head_dim]
         keys, values = self.keys[layer_idx], self.values[layer_idx]
+        assert self._slots is not None, "bind() comes before a forward"
         rows, positions = self._slots[:, None], self._write_positions  # [batch, 1], [batch, query_len]
         # advanced indices around a slice put the broadcast [batch, query_len] dims first
         keys[rows, :, positions] = key_states.transpose(1, 2).to(keys.dtype)
@@ -76,12 +77,12 @@ class SlotCache(Cache):
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Move a row's first `length` positions to another slot (compaction keeps rows contiguous)."""
-        for keys, values in zip(self.keys, self.values):
+        for keys, values in zip(self.keys, self.values, strict=True):
             keys[dst, :, :length] = keys[src, :, :length]
             values[dst, :, :length] = values[src, :, :length]
 
     def swap_slots(self, a: int, b: int, length: int) -> None:
-        for keys, values in zip(self.keys, self.values):
+        for keys, values in zip(self.keys, self.values, strict=True):
             for tensor in (keys, values):
                 held = tensor[a, :, :length].clone()
                 tensor[a, :, :length] = tensor[b, :, :length]

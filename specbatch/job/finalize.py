@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from specbatch.job.manifest import Manifest, load_manifest, update_manifest
+from specbatch.job.manifest import JobStatus, Manifest, load_manifest, update_manifest
 from specbatch.job.openai_output import output_line
 from specbatch.ledger import read_table
 
@@ -49,7 +49,7 @@ def finalize(job_dir: Path) -> JobSummary:
     export_results_jsonl(job_dir)
     if manifest.dataset.format == "openai_batch":
         export_openai_output(job_dir)
-    status = "done" if summary.is_complete else ("cancelled" if summary.num_cancelled else "running")
+    status: JobStatus = "done" if summary.is_complete else ("cancelled" if summary.num_cancelled else "running")
 
     def change(m: Manifest) -> None:
         m.status = status

@@ -1,7 +1,7 @@
 """The `specbatch-job` Prefect flow: ingest + shard → run the worker group → finalize.
 
 Thin: the tasks call `specbatch.job` and `specbatch.job.launch`. `specbatch submit` runs this flow in its
-own process (`run_local`, on Prefect's temporary local server, see `specbatch.job.prefect_local`); a
+own process (with `local_hooks`, on Prefect's temporary local server, see `specbatch.job.prefect_local`); a
 deployment runs the same flow in a process that a Prefect worker starts (`prefect.yaml`), and
 `submit --deployment NAME` starts such a run (`run_deployment_job`).
 
@@ -19,8 +19,8 @@ import re
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,17 +37,17 @@ from specbatch.config import ConfigError, JobConfig, load_config
 from specbatch.data.ingest import DatasetError, resolve_dataset
 from specbatch.engine.loading import ModelLoadError, resolve_model_path
 from specbatch.job.finalize import JobSummary, finalize
-from specbatch.job.launch import launch_workers, stop_on_signals
+from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, stop_on_signals
 from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
-from specbatch.job.worker import WorkerProgress
+from specbatch.job.worker import WorkerProgress, run_worker
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
 
 FLOW_NAME = "specbatch-job"
 UNUSABLE_INPUT = "UnusableInput"  # state name of a run that stopped before any work
 USAGE_ERRORS = (ConfigError, DatasetError, ModelLoadError, JobError, ManifestError)
 WORKER_RETRIES = 2
-WORKER_RETRY_DELAYS_S = [5, 30]
+WORKER_RETRY_DELAYS_S: list[float] = [5, 30]
 
 
 @dataclass
@@ -76,7 +76,7 @@ def _not_unusable(task, task_run, state: State) -> bool:
 
 @task(name="ingest-and-shard", cache_policy=NO_CACHE)
 def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: bool = False,
-                     dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> dict:
+                     dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> dict | State:
     """Create or resume the job directory; check the model paths before any work."""
     job_config = JobConfig.model_validate(config)
     try:
@@ -100,7 +100,7 @@ def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | N
 
 @task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES,
       retry_delay_seconds=WORKER_RETRY_DELAYS_S, retry_condition_fn=_not_unusable)
-def run_workers(job_dir: str) -> dict:
+def run_workers(job_dir: str) -> dict | State:
     """Run the worker group (in-process, or `workers.num_processes` processes) until the job is done."""
     path = Path(job_dir)
     config = JobConfig.model_validate(load_manifest(path).config)
@@ -115,7 +115,12 @@ def run_workers(job_dir: str) -> dict:
         hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path)))
     try:
         with stop_on_signals(hooks.stop_requested) if local else nullcontext():
-            result = launch_workers(path, config, run_id, hooks.stop_requested, hooks.on_round)
+            if choose_launcher(config.workers.num_processes) == "in-process":
+                progress = run_worker(path, config, run_id=run_id, stop_requested=hooks.stop_requested,
+                                      on_round=hooks.on_round)
+                result = LaunchResult("in-process", 1, hooks.stop_requested.is_set(), progress, None)
+            else:
+                result = launch_workers(path, config, run_id, hooks.stop_requested, hooks.on_round)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     except Exception as error:
@@ -171,7 +176,9 @@ def specbatch_job(
         workers = run_workers(str(job_dir), return_state=True)
         if workers.name == UNUSABLE_INPUT:
             return _unusable(workers.message or "unusable input")
-        outcome = finalize_job(str(job_dir), workers.result())
+        launched = workers.result()  # raises if the worker group failed for good
+        assert isinstance(launched, dict), "only an UnusableInput run returns a state"
+        outcome = finalize_job(str(job_dir), launched)
     except Exception:
         _write_error_log(job_dir)
         raise
@@ -227,11 +234,12 @@ def summary_markdown(outcome: dict) -> str:
     return "\n".join(lines)
 
 
-def run_local(parameters: dict, hooks: LocalHooks) -> State:
-    """Run the flow in this process and return its final state; `hooks` reach the worker task."""
+@contextmanager
+def local_hooks(hooks: LocalHooks) -> Iterator[None]:
+    """Lend `hooks` to the worker task of a flow run in this process (`specbatch submit`)."""
     token = _local_hooks.set(hooks)
     try:
-        return specbatch_job(**parameters, return_state=True)
+        yield
     finally:
         _local_hooks.reset(token)
 
@@ -248,12 +256,14 @@ def run_deployment_job(name: str, parameters: dict, wait: bool = False,
     Returns the `FlowRun` (its last state read when waiting). `on_state` sees each new state.
     """
     from prefect import get_client
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
         raise ValueError("no Prefect server configured: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
     flow_run = run_deployment(deployment_name(name), parameters=parameters, timeout=0)
+    assert isinstance(flow_run, FlowRun)  # called from sync code: not a coroutine
     if on_state is not None:
         on_state(flow_run)
     if not wait:

@@ -1,7 +1,8 @@
-"""Launch a job's worker group: one worker in this process, or N worker processes.
+"""Launch a job's worker processes.
 
-`workers.num_processes == 1` runs `run_worker` here, so a progress display sees every round. For
-N > 1 every worker is its own process with its own shards (shard i goes to worker i % N), its own
+`workers.num_processes == 1` needs no launch: the flow's task runs `run_worker` in its own process,
+so a progress display sees every round (`choose_launcher` says "in-process"). For N > 1 every
+worker is its own process with its own shards (shard i goes to worker i % N), its own
 copy of the models on its device and its own ledger parts (named by worker id):
 
 - `accelerate` (the default when it is installed): `accelerate launch --multi_gpu --num_processes N
@@ -39,7 +40,7 @@ import pyarrow.parquet as pq
 
 from specbatch.config import JobConfig
 from specbatch.job.processes import free_port, signal_groups, spawn, stop_groups, tail
-from specbatch.job.worker import WorkerProgress, run_worker, worker_lock
+from specbatch.job.worker import WorkerProgress
 from specbatch.ledger import committed_parts, part_path
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def choose_launcher(num_processes: int) -> Launcher:
         return "in-process"
     forced = os.environ.get("SPECBATCH_LAUNCHER", "")
     if forced in LAUNCHERS:
-        return forced  # type: ignore[return-value]
+        return forced
     return "accelerate" if importlib.util.find_spec("accelerate") else "subprocess"
 
 
@@ -80,15 +81,12 @@ def launch_workers(
     on_round: Callable[[WorkerProgress], None] | None = None,
     launcher: Launcher | None = None,
 ) -> LaunchResult:
-    """Run the job's worker group to completion or until `stop_requested` is set."""
+    """Run the job's worker processes to completion or until `stop_requested` is set."""
     job_dir = Path(job_dir)
     stop_requested = stop_requested or threading.Event()
-    num_processes = config.workers.num_processes
-    launcher = launcher or choose_launcher(num_processes)
+    launcher = launcher or choose_launcher(config.workers.num_processes)
     if launcher == "in-process":
-        with worker_lock(job_dir, 0):
-            progress = run_worker(job_dir, config, 0, 1, run_id, stop_requested=stop_requested, on_round=on_round)
-        return LaunchResult(launcher, 1, stop_requested.is_set(), progress, None)
+        raise ValueError("one worker runs in the caller's process (run_worker), not through a launch")
     return _launch_processes(job_dir, config, run_id, launcher, stop_requested, on_round)
 
 

@@ -94,7 +94,9 @@ class LocalServer:
 
     def start(self) -> None:
         """Start booting (returns at once); `wait_ready` blocks until the API answers."""
-        prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent  # no `import prefect` yet
+        spec = importlib.util.find_spec("prefect")  # no `import prefect` yet
+        assert spec is not None and spec.origin is not None, "prefect is a dependency"
+        prefect_dir = Path(spec.origin).parent
         command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                    "--log-level", "error", "--lifespan", "on"]

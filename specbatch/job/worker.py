@@ -60,7 +60,7 @@ def my_shards(job_dir: Path, worker_id: int, num_workers: int) -> list[str]:
     return [shard.name for index, shard in enumerate(shards) if index % num_workers == worker_id]
 
 
-def to_sequence(request: Request) -> Row:
+def to_row(request: Request) -> Row:
     """A shard row as engine state; a dropped row keeps zeroed limits (it never runs)."""
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens or 0, temperature=request.temperature or 0.0,
@@ -91,37 +91,39 @@ def run_worker(
     stop_requested: threading.Event | None = None,
     on_round: Callable[[WorkerProgress], None] | None = None,
 ) -> WorkerProgress:
-    """Run this worker's share of the job to completion (or until a stop is requested)."""
+    """Run this worker's share of the job to completion (or until a stop is requested), holding
+    the worker's lock."""
     job_dir = Path(job_dir)
     stop_requested = stop_requested or threading.Event()
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S")
-    remove_orphan_parts(job_dir, worker_id)
-    done = committed_request_ids(job_dir)
-    names = my_shards(job_dir, worker_id, num_workers)
-    models = models or load_models(config)
-    writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
-    engine = build_hf_engine(config, models, writer, worker_id)
-    progress = WorkerProgress()
-    _mark_shards(job_dir, names, "running", worker_id)
-    feed = pending_requests(job_dir, names, done)
-    backlog = 2 * config.scheduler.max_batch_rows
-    exhausted = False
-    while not stop_requested.is_set():
-        while not exhausted and len(engine.scheduler.waiting) < backlog:
-            exhausted = not _admit_next(engine, feed, progress)
-        if not engine.scheduler.has_work:
-            break
-        _count(engine.step(), progress)
-        crash_point("round")
-        _record_part(job_dir, writer.maybe_flush())
-        if on_round is not None:
-            on_round(progress)
-    if stop_requested.is_set():
-        _count(engine.cancel_all(), progress)
-    _record_part(job_dir, writer.flush())
-    if exhausted and not engine.scheduler.has_work:
-        _mark_shards(job_dir, names, "done", worker_id)
-    return progress
+    with worker_lock(job_dir, worker_id):  # one runner per worker id, even a killed launcher's child
+        remove_orphan_parts(job_dir, worker_id)
+        done = committed_request_ids(job_dir)
+        names = my_shards(job_dir, worker_id, num_workers)
+        models = models or load_models(config)
+        writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
+        engine = build_hf_engine(config, models, writer, worker_id)
+        progress = WorkerProgress()
+        _mark_shards(job_dir, names, "running", worker_id)
+        feed = pending_requests(job_dir, names, done)
+        backlog = 2 * config.scheduler.max_batch_rows
+        exhausted = False
+        while not stop_requested.is_set():
+            while not exhausted and len(engine.scheduler.waiting) < backlog:
+                exhausted = not _admit_next(engine, feed, progress)
+            if not engine.scheduler.has_work:
+                break
+            _count(engine.step(), progress)
+            crash_point("round")
+            _record_part(job_dir, writer.maybe_flush())
+            if on_round is not None:
+                on_round(progress)
+        if stop_requested.is_set():
+            _count(engine.cancel_all(), progress)
+        _record_part(job_dir, writer.flush())
+        if exhausted and not engine.scheduler.has_work:
+            _mark_shards(job_dir, names, "done", worker_id)
+        return progress
 
 
 def _admit_next(engine: Engine, feed: Iterator[tuple[str, Request]], progress: WorkerProgress) -> bool:
@@ -129,7 +131,7 @@ def _admit_next(engine: Engine, feed: Iterator[tuple[str, Request]], progress: W
     item = next(feed, None)
     if item is None:
         return False
-    row = to_sequence(item[1])
+    row = to_row(item[1])
     if row.status is Status.DROPPED:
         engine.record_finished(row)
         _count([row], progress)
@@ -182,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with worker_lock(args.job_dir, worker_id):
-        run_worker(args.job_dir, config, worker_id, num_workers, args.run_id, stop_requested=stop)
+    run_worker(args.job_dir, config, worker_id, num_workers, args.run_id, stop_requested=stop)
     log.info("worker %d %s", worker_id, "stopped" if stop.is_set() else "done")
     return 130 if stop.is_set() else 0
 

@@ -102,8 +102,9 @@ def greedy_references(models: Models, prompts: list[BenchPrompt]) -> dict[str, l
     eos, pad = sorted(eos_token_ids(models)), models.tokenizer.pad_token_id
     refs = {}
     for prompt in prompts:
-        out = models.target.generate(torch.tensor([prompt.prompt_ids]), max_new_tokens=prompt.max_new_tokens,
-                                     do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        out = models.target.generate(  # type: ignore[operator]  # transformers types generate loosely
+            torch.tensor([prompt.prompt_ids]), max_new_tokens=prompt.max_new_tokens,
+            do_sample=False, eos_token_id=eos, pad_token_id=pad)
         refs[prompt.request_id] = out[0, len(prompt.prompt_ids):].tolist()
     return refs
 
@@ -129,8 +130,9 @@ def run_hf_generate(models: Models, prompts: list[BenchPrompt], batch_size: int)
         width = max(len(p.prompt_ids) for p in batch)
         ids = torch.tensor([[pad] * (width - len(p.prompt_ids)) + list(p.prompt_ids) for p in batch])
         mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in batch])
-        out = models.target.generate(ids, attention_mask=mask, max_new_tokens=max(p.max_new_tokens for p in batch),
-                                     do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad)
+        out = models.target.generate(  # type: ignore[operator]  # transformers types generate loosely
+            ids, attention_mask=mask, max_new_tokens=max(p.max_new_tokens for p in batch),
+            do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad)
         steps = out.shape[1] - width
         passes += steps
         computed += len(batch) * width + len(batch) * max(steps - 1, 0)
@@ -146,8 +148,9 @@ def run_hf_assisted(models: Models, prompts: list[BenchPrompt]) -> dict:
     eos = eos_token_ids(models)
     outputs = {}
     for prompt in prompts:
-        out = models.target.generate(torch.tensor([prompt.prompt_ids]), assistant_model=models.draft,
-                                     max_new_tokens=prompt.max_new_tokens, do_sample=False,
+        out = models.target.generate(  # type: ignore[operator]  # transformers types generate loosely
+            torch.tensor([prompt.prompt_ids]), assistant_model=models.draft,
+            max_new_tokens=prompt.max_new_tokens, do_sample=False,
                                      eos_token_id=sorted(eos), pad_token_id=models.tokenizer.pad_token_id)
         outputs[prompt.request_id] = cut(out[0, len(prompt.prompt_ids):].tolist(), prompt.max_new_tokens, eos)
     return outputs

@@ -157,7 +157,7 @@ COMPARISON_COLUMNS = ("policy", "job", "completed", "dropped", "cancelled", "wal
 
 
 def comparison_rows(summaries: dict[str, SimSummary]) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
     for spec, s in summaries.items():
         completion, ttft, queue = (s.latency[m] for m in ("completion_s", "ttft_s", "queue_s"))
         values = (spec, Path(s.job_dir).name, s.num_completed, s.num_dropped, s.num_cancelled, s.wall_s,

@@ -41,6 +41,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def plot_latency_vs_rate(
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    colors: dict[str, str] = {}
+    colors: dict[str, Any] = {}  # matplotlib colors
     for name, curve in curves.items():
         finite = [(r, w) for r, w in curve if math.isfinite(w)]
         (line,) = ax.plot([r for r, _ in finite], [w for _, w in finite], label=f"{name} (model)")

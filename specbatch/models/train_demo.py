@@ -220,7 +220,8 @@ def train_demo(output_dir: Path, recipe: Recipe = Recipe(), eval_docs: int = 48,
             "draft": round(heldout_loss(draft, stream, recipe.seq_len), 3),
         }
         sample = random.Random(recipe.seed).sample(docs, min(eval_docs, len(docs)))
-        card["greedy"][domain] = {k: round(v, 3) for k, v in greedy_acceptance(target, draft, tokenizer, sample).items()}
+        acceptance = greedy_acceptance(target, draft, tokenizer, sample)
+        card["greedy"][domain] = {k: round(v, 3) for k, v in acceptance.items()}
     (output_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     return card
 
@@ -239,7 +240,8 @@ def write_model_card(output_dir: Path, card: dict) -> Path:
         f"| architecture | Llama {recipe['target']['num_hidden_layers']}×{recipe['target']['hidden_size']} | "
         f"Llama {recipe['draft']['num_hidden_layers']}×{recipe['draft']['hidden_size']} |",
         f"| parameters | {card['parameters']['target']:,} | {card['parameters']['draft']:,} |",
-        f"| training data | stdlib code + pydoc topics ({recipe['target_prose_share']:.0%} prose windows) | stdlib code only |",
+        f"| training data | stdlib code + pydoc topics ({recipe['target_prose_share']:.0%} prose windows) | "
+        "stdlib code only |",
         f"| steps × batch × sequence | {recipe['target_steps']} × {recipe['batch_size']} × {recipe['seq_len']} | "
         f"{recipe['draft_steps']} × {recipe['batch_size']} × {recipe['seq_len']} |",
         f"| training time (2 CPU cores) | {card['training_s']['target']} s | {card['training_s']['draft']} s |",

@@ -39,7 +39,7 @@ class CostModel:
     num_rounds: int = 0
     source: str = ""  # where the numbers come from
 
-    def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: int = 0,
+    def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: float = 0,
                    kv_tokens_read: int = 0) -> float:
         return (self.intercept_ms + self.target_passes * target_passes + self.target_rows * target_rows
                 + self.draft_passes * draft_passes + self.draft_rows * draft_rows
@@ -70,7 +70,9 @@ class CostModel:
         if 2 <= typical.sum() < len(y):
             coefficients = _nonnegative_lstsq(design[typical] * weights[typical, None], y[typical] * weights[typical])
             relative = np.abs(design @ coefficients - y) * weights
-        return cls(*coefficients.tolist(), mape=float(np.mean(relative)), num_rounds=len(y), source=source)
+        intercept, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read = coefficients.tolist()
+        return cls(intercept, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read,
+                   mape=float(np.mean(relative)), num_rounds=len(y), source=source)
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -83,8 +83,8 @@ def resolve_cost_model(spec: str | None, config: JobConfig | None = None) -> Cos
     """A named profile (`cpu-demo`), a JSON file from `specbatch calibrate`, or with no spec the
     config's `scheduler.cost_model` file, else the CPU demo profile."""
     if spec is None:
-        path = config.scheduler.cost_model if config is not None else None
-        return CostModel.load(Path(path)) if path else CPU_DEMO_PROFILE
+        configured = config.scheduler.cost_model if config is not None else None
+        return CostModel.load(Path(configured)) if configured else CPU_DEMO_PROFILE
     if spec in PROFILES:
         return PROFILES[spec]
     path = Path(spec)

@@ -12,6 +12,7 @@ More policies: order.py (laps-sd, specbatch), lookahead.py (adaptive, slack), pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,7 +61,7 @@ class LookaheadPolicy(Protocol):
 class PrefillChunkPolicy(Protocol):
     name: str
 
-    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: list[Row] = ()) -> int:
+    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: Sequence[Row] = ()) -> int:
         """Largest prefill chunk a row may get this round next to the given decode rows (row, k);
         prefill_rows are the rows that would prefill, in order."""
 
@@ -142,5 +143,5 @@ class FixedPrefillChunk:
     size: int
     name: str = "fixed"
 
-    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: list[Row] = ()) -> int:
+    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: Sequence[Row] = ()) -> int:
         return self.size

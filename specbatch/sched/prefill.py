@@ -11,6 +11,7 @@ If even a decode-only round misses the objective, `min_chunk` still lets admitte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specbatch.core import Row
@@ -24,7 +25,7 @@ class DeadlinePrefillChunk:
     min_chunk: int = 16
     name: str = "deadline"
 
-    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: list[Row] = ()) -> int:
+    def chunk_tokens(self, decode_rows: list[tuple[Row, int]], prefill_rows: Sequence[Row] = ()) -> int:
         budget_tokens = self.ctx.max_round_tokens - sum(1 + k for _, k in decode_rows)
         longest = max((row.num_prefill_remaining for row in prefill_rows), default=budget_tokens)
         high = max(0, min(longest, budget_tokens))
@@ -41,7 +42,7 @@ class DeadlinePrefillChunk:
                 high = mid - 1
         return low
 
-    def round_ms(self, decode_rows: list[tuple[Row, int]], prefill_rows: list[Row],
+    def round_ms(self, decode_rows: list[tuple[Row, int]], prefill_rows: Sequence[Row],
                  chunk: int) -> float:
         """Predicted round: the decode batch, each prefill row's min(chunk, left) within the token
         budget, and a verify row (k = 0) for each row whose prefill completes."""

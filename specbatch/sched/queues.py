@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from specbatch.core import Row
 from specbatch.sched.policies import OrderPolicy
@@ -32,7 +33,7 @@ class WaitQueue:
         self._size = 0
 
     def push(self, row: Row, now_s: float) -> None:
-        entry = [self.order.key(row, now_s), next(self._counter), row, True]
+        entry: list[Any] = [self.order.key(row, now_s), next(self._counter), row, True]
         heapq.heappush(self._heaps.setdefault(self.order.class_of(row), []), entry)
         if self.order.ages_waiting_rows:
             heapq.heappush(self._by_arrival, (row.arrival_s, entry[_COUNTER], entry))
@@ -100,7 +101,7 @@ def _arrival_entry(item: tuple[float, int, list]) -> list:
     return item[2]
 
 
-def _head(heap: list, entry_of) -> object | None:
+def _head(heap: list[Any], entry_of: Callable[[Any], list[Any]]) -> Any:
     """The heap's first live item, dropping dead ones on the way."""
     while heap and not entry_of(heap[0])[_ALIVE]:
         heapq.heappop(heap)

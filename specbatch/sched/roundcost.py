@@ -75,7 +75,7 @@ class RoundCostModel:
         if shape.num_rows == 0:
             return self.cost.intercept_ms
         rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
-        draft_passes = draft_rows = 0
+        draft_passes, draft_rows = 0, 0.0
         if self.uses_draft_model and shape.max_k > 0:
             draft_passes = shape.max_k
             draft_rows = shape.num_drafting * shape.max_lag + shape.sum_k - shape.num_drafting

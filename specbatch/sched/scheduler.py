@@ -88,6 +88,7 @@ class Scheduler:
         num_priority_preemptions = 0
         while self.waiting:
             row = self.waiting.peek(now_s)
+            assert row is not None  # the queue is not empty
             need = self.reservation(row)
             if need > self.kv.capacity_tokens:
                 self.waiting.pop(now_s)

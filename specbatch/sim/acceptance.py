@@ -247,7 +247,8 @@ def read_step_histories(
     positions: dict[str, list[int]] = {}
     has_positions = True
     for request_id, attempts in by_request.items():
-        rows = sorted(max(attempts.values(), key=_progress), key=lambda r: r[2])
+        furthest: list[_Row] = max(attempts.values(), key=_progress)
+        rows = sorted(furthest, key=lambda r: r[2])
         histories[request_id] = [(accepted, k) for _, _, _, k, accepted, _ in rows]
         starts = [r[5] for r in rows]
         has_positions = has_positions and None not in starts

@@ -71,6 +71,7 @@ class SimBackend:
         if row.request_id not in self.rngs:  # one stream per request: policies see the same draws
             self.rngs[row.request_id] = random.Random(f"specbatch.sim.accept:{self.seed}:{row.request_id}")
         if self._log_alphas is not None:
+            assert isinstance(self.acceptance, DomainAcceptance)
             alpha = self.acceptance.alpha(row.request_id, row.domain)
             self._log_alphas[row.request_id] = math.log(alpha) if alpha > 0 else -math.inf
 
@@ -109,7 +110,7 @@ class SimBackend:
         if not self.uses_draft_model:
             return proposals
         num_rows = num_fed = max_fed = max_k = further = 0
-        for index, ((row, k), start) in enumerate(zip(decode, starts)):
+        for index, ((row, k), start) in enumerate(zip(decode, starts, strict=True)):
             if k > 0:
                 draft_start = start if row.num_computed < start else row.num_draft_computed
                 fed = len(row.prompt_ids) + len(row.output_ids) - draft_start
@@ -153,7 +154,7 @@ class SimBackend:
         return outcomes, self._pass_shape(len(decode), max_start, max_len, num_positions)
 
     def _pass_shape(self, num_rows: int, max_start: int, max_len: int, num_positions: int) -> PassShape:
-        """The pass `forward_rows` would run: bucketed rows and query length, KV length rounded up
+        """The pass `SlotModel.forward` would run: bucketed rows and query length, KV length rounded up
         to the bucket multiple over every position read (padding rows start at 0)."""
         bucket = self.buckets.fit(num_rows, max_len)
         kv_len = self.buckets.kv_len(max_start + bucket.query_len, self.max_kv_len)

@@ -89,6 +89,7 @@ class SummaryCollector:
             self.samples["queue_s"].append(row.admitted_s - row.arrival_s)
         if row.first_token_s is not None:
             self.samples["ttft_s"].append(row.first_token_s - row.arrival_s)
+        assert row.finished_s is not None  # every accounted row has finished
         self.samples["completion_s"].append(row.finished_s - row.arrival_s)
 
     def summary(self, job_dir: Path, workers: list, host_s: float, peak_rss_mb: float) -> SimSummary:

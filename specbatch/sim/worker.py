@@ -1,8 +1,9 @@
 """One simulated worker: the real `Scheduler` and `Engine` over a `SimBackend` and its own virtual clock.
 
 Assembled by the same `loop.build_engine` as a real worker (same limits, KV capacity rule, shape
-buckets and policies), so every policy the factory knows runs here unchanged. The worker also owns what a server adds around the engine: cancelling
-requests past their deadline, and its load as the dispatcher sees it.
+buckets and policies), so every policy the factory knows runs here unchanged. The worker also owns
+what a server adds around the engine: cancelling requests past their deadline, and its load as the
+dispatcher sees it.
 """
 
 from __future__ import annotations
