@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from specbatch.config import IOConfig, JobConfig
 from specbatch.data.ingest import iter_records, resolve_dataset
 from specbatch.data.validate import Request, ValidationLimits, Validator
-from specbatch.job.faults import crash_point
+from specbatch.faults import crash_point
 
 log = logging.getLogger(__name__)
 

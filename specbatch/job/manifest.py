@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
-from specbatch.job.faults import crash_point
+from specbatch.faults import crash_point
 from specbatch.ledger import fsync_dir
 
 if TYPE_CHECKING:

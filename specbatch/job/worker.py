@@ -26,7 +26,7 @@ from specbatch.core import Row, SamplingParams, Status
 from specbatch.data.shards import read_shard_requests
 from specbatch.data.validate import Request
 from specbatch.engine.build import Models, build_hf_engine, load_models
-from specbatch.job.faults import crash_point
+from specbatch.faults import crash_point
 from specbatch.job.manifest import load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.loop import Engine
