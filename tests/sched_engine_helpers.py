@@ -7,15 +7,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specbatch.config import load_config
 from specbatch.core import RoundPlan, Row, SamplingParams
 from specbatch.loop import Engine, MemoryRecorder
+from specbatch.sched import factory
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.capacity import KVBudget
-from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE
-from specbatch.sched.factory import make_lookahead, make_order, make_prefill_chunk
-from specbatch.sched.roundcost import RoundCostModel
-from specbatch.sched.scheduler import Scheduler, SchedulerLimits
+from specbatch.sched.scheduler import Scheduler
 from specbatch.sched.stops import StopChecker
 from specbatch.sim.acceptance import accepted_prefix
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
@@ -39,13 +37,15 @@ def make_row(request_id: str, num_prompt: int = 8, max_new: int = 32, domain: st
 
 def make_scheduler(order: str = "fcfs", lookahead: str = "fixed:4", prefill: str = "fixed:16", *,
                    capacity: int = 10_000, max_rows: int = 8, max_tokens: int = 512, max_context: int = 512,
-                   max_lookahead: int = 4, admission: str = "reserve", tpot_slo_ms: float = 200.0,
-                   ctx: SchedContext | None = None) -> Scheduler:
-    ctx = ctx or SchedContext(RoundCostModel(CPU_DEMO_PROFILE), max_lookahead=max_lookahead, max_batch_rows=max_rows,
-                              max_round_tokens=max_tokens, tpot_slo_ms=tpot_slo_ms)
-    limits = SchedulerLimits(max_rows, max_tokens, max_context, max_lookahead, admission)
-    return Scheduler(limits, KVBudget(capacity), make_order(order, ctx),
-                     make_lookahead(lookahead, max_lookahead, ctx), make_prefill_chunk(prefill, ctx), context=ctx)
+                   max_lookahead: int = 4, admission: str = "reserve", tpot_slo_ms: float = 200.0) -> Scheduler:
+    """The factory's scheduler for a config with these settings (no KV-length bucketing)."""
+    config = load_config(None, [
+        f"scheduler.order={order}", f"scheduler.lookahead={lookahead}", f"scheduler.prefill_chunk={prefill}",
+        f"scheduler.max_batch_rows={max_rows}", f"scheduler.max_round_tokens={max_tokens}",
+        f"scheduler.max_lookahead={max_lookahead}", f"scheduler.tpot_slo_ms={tpot_slo_ms}",
+        f"capacity.admission={admission}", "buckets.kv_len_multiple=1",
+    ])
+    return factory.make_scheduler(config, capacity, max_context, CPU_DEMO_PROFILE)
 
 
 @dataclass
