@@ -161,6 +161,7 @@ class SamplingDefaults(_Section):
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    coupling: Literal["rejection", "gumbel"] = "rejection"  # randomness of sampled rows (engine/coupling.py)
 
 
 class IOConfig(_Section):
@@ -227,3 +228,26 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
 
 def config_to_dict(config: JobConfig) -> dict[str, Any]:
     return config.model_dump(mode="json")
+
+
+# What a resumed job may change (`specbatch.job.drift`). A key is a section (all its fields, present and
+# future) or one `section.field`; the field's own key wins. Outputs: what a request's output law, or the
+# shards ingest cut, depend on — the models' weights, tokenizer and numerics, the sampling defaults and
+# coupling, the context, the seed, the sharding. Speed: how and where the same outputs are computed — the
+# drafter (exact speculative decoding keeps the target's law), batching, lookahead, KV budget, buckets,
+# devices and processes, part flushes.
+OUTPUT_FIELDS = frozenset({"models.target", "models.tokenizer", "models.dtype", "models.trust_remote_code",
+                           "sampling", "capacity.max_context", "io.shard_size", "io.group_window", "seed"})
+SPEED_FIELDS = frozenset({"models.draft", "models.device", "models.attn_implementation", "models.num_threads",
+                          "drafter", "scheduler", "capacity.kv_tokens", "capacity.kv_bytes", "capacity.admission",
+                          "buckets", "io.part_every_requests", "io.part_every_s", "workers"})
+
+
+def changes_outputs(path: str) -> bool:
+    """Whether config field `path` (`section.field`, or `seed`) can change a job's outputs."""
+    for key in (path, path.split(".")[0]):
+        if key in OUTPUT_FIELDS:
+            return True
+        if key in SPEED_FIELDS:
+            return False
+    raise KeyError(f"config field {path} is in neither OUTPUT_FIELDS nor SPEED_FIELDS")

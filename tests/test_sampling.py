@@ -55,8 +55,9 @@ def chi_square_p_value(statistic: float, dof: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
+@pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
 @pytest.mark.parametrize("drafter,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9), ("ngram", 1.0, 1.0)])
-def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, drafter, temperature, top_p):
+def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, drafter, temperature, top_p, coupling):
     """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
     from engine_helpers import tiny_config
 
@@ -65,6 +66,7 @@ def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, draft
     from specbatch.loop import MemoryRecorder
 
     config = tiny_config(small_vocab_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3",
+                         f"sampling.coupling={coupling}",
                          "scheduler.max_batch_rows=64")
     models = load_models(config)
     prompt = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to propose

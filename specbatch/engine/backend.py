@@ -10,21 +10,21 @@ import time
 import torch
 
 from specbatch.core import Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
+from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import Drafter
 from specbatch.engine.forward import SlotModel
-from specbatch.engine.sampling import accept_greedy, accept_sampled, request_generator, warp
+from specbatch.engine.sampling import accept_greedy
 from specbatch.engine.slot_cache import SlotCache
 
 
 class HFBackend:
-    def __init__(self, target: SlotModel, drafter: Drafter, vocab_size: int, job_seed: int = 0,
+    def __init__(self, target: SlotModel, drafter: Drafter, vocab_size: int, coupling: Coupling,
                  draft_cache: SlotCache | None = None) -> None:
         self.target, self.cache, self.drafter = target, target.cache, drafter
         self.draft_cache = draft_cache  # moved along with the target's when rows change slots
-        self.vocab_size, self.job_seed = vocab_size, job_seed
+        self.vocab_size, self.coupling = vocab_size, coupling
         self.slot_of: dict[str, int] = {}  # request id -> slot
         self.slot_owner: dict[int, Row] = {}
-        self.generators: dict[str, torch.Generator] = {}
         self._sync = torch.cuda.synchronize if self.cache.keys[0].is_cuda else (lambda: None)
 
     @property
@@ -34,15 +34,14 @@ class HFBackend:
     def admit(self, row: Row) -> None:
         slot = min(set(range(self.num_slots)) - set(self.slot_owner))
         self.slot_of[row.request_id], self.slot_owner[slot] = slot, row
-        if row.request_id not in self.generators:
-            self.generators[row.request_id] = request_generator(row.request_id, row.params.seed, self.job_seed)
+        self.coupling.admit(row)
 
     def release(self, row: Row, finished: bool) -> None:
         slot = self.slot_of.pop(row.request_id, None)
         if slot is not None:
             del self.slot_owner[slot]
         if finished:
-            self.generators.pop(row.request_id, None)
+            self.coupling.release(row)
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         """Prefill pass (the draft cache alongside), drafting, one verify pass, the acceptance rule."""
@@ -65,7 +64,7 @@ class HFBackend:
             draft_starts = [start if row.num_computed < start else row.num_draft_computed  # prefilled alongside
                             for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
-            proposals = outcome.proposals = self.drafter.propose(rows, ks, slots, draft_starts, self.generators)
+            proposals = outcome.proposals = self.drafter.propose(rows, ks, slots, draft_starts, self.coupling)
             self._sync()
             outcome.draft_ms = (time.perf_counter() - started) * 1000
             started = time.perf_counter()
@@ -98,10 +97,8 @@ class HFBackend:
             if row.params.is_greedy:
                 num_accepted, token = accept_greedy(drafts, argmax[index][: len(drafts) + 1])
             else:
-                target_probs = warp(logits[index, : len(drafts) + 1], row.params.temperature, row.params.top_p)
-                num_accepted, token = accept_sampled(
-                    drafts, proposals.draft_probs[index], target_probs, self.generators[row.request_id]
-                )
+                num_accepted, token = self.coupling.verify(row, drafts, proposals.draft_probs[index],
+                                                           logits[index, : len(drafts) + 1])
             outcomes.append(RowOutcome(row, k, drafts, num_accepted, drafts[:num_accepted] + [token],
                                        proposals.num_fed[index]))
         return outcomes

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
+from specbatch.engine.coupling import make_coupling
 from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specbatch.engine.forward import SlotModel
 from specbatch.engine.loading import (
@@ -104,7 +105,8 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
         drafter = NoDrafter()
     target = SlotModel(models.target, _slot_cache(models.target, num_slots, slot_len), buckets, mask_dtype,
                        pad_to_bucket=True)
-    backend = HFBackend(target, drafter, vocab_size, config.seed, draft_cache)
+    coupling = make_coupling(config.sampling.coupling, config.seed)
+    backend = HFBackend(target, drafter, vocab_size, coupling, draft_cache)
     tokenizer = models.tokenizer
     limits = EngineLimits(context, kv_capacity_tokens(config, models, slot_len), frozenset(eos_token_ids(models)),
                           lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)))

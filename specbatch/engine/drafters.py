@@ -7,14 +7,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Protocol
 
 import torch
 
 from specbatch.core import PassShape, Proposals, Row
+from specbatch.engine.coupling import Coupling
 from specbatch.engine.forward import SlotModel
-from specbatch.engine.sampling import sample, warp
 
 
 class Drafter(Protocol):
@@ -24,7 +23,7 @@ class Drafter(Protocol):
         """Fill the drafter's cache alongside the target's prefill chunks (no-op without a model)."""
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
-                generators: Mapping[str, torch.Generator]) -> Proposals:
+                coupling: Coupling) -> Proposals:
         """Draft up to ks[i] tokens for rows[i]; rows with k = 0 get none. `starts[i]` is how many
         of the row's tokens the draft cache in `slots[i]` holds; the drafter feeds it the rest."""
 
@@ -36,7 +35,7 @@ class NoDrafter:
         return None
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
-                generators: Mapping[str, torch.Generator]) -> Proposals:
+                coupling: Coupling) -> Proposals:
         return Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows])
 
 
@@ -48,7 +47,7 @@ class NgramDrafter(NoDrafter):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
-                generators: Mapping[str, torch.Generator]) -> Proposals:
+                coupling: Coupling) -> Proposals:
         tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
 
@@ -71,7 +70,7 @@ class DraftModelDrafter:
         return self.draft.forward(slots, num_computed, chunks, keep_logits=False)[1]
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
-                generators: Mapping[str, torch.Generator]) -> Proposals:
+                coupling: Coupling) -> Proposals:
         proposals = Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows])
         fed_to = list(starts)  # per row: positions the draft cache holds
         q_rows: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -87,7 +86,7 @@ class DraftModelDrafter:
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[row_index])
                 proposals.num_fed[i] += len(chunks[row_index])
-                token, q = self._pick(rows[i], last[row_index], generators)
+                token, q = self._pick(rows[i], len(proposals.tokens[i]), last[row_index], coupling)
                 proposals.tokens[i].append(token)
                 if q is not None:
                     q_rows[i].append(q)
@@ -108,9 +107,9 @@ class DraftModelDrafter:
         pad = logits.new_full((logits.shape[0], self.vocab_size - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _pick(self, row: Row, logits: torch.Tensor, generators: Mapping[str, torch.Generator]
+    def _pick(self, row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling
               ) -> tuple[int, torch.Tensor | None]:
+        """The row's next draft token from draft logits [vocab], and the q it was drawn from."""
         if row.params.is_greedy:
             return int(logits.argmax()), None
-        q = warp(logits[None], row.params.temperature, row.params.top_p)[0]
-        return sample(q, generators[row.request_id]), q
+        return coupling.draft(row, row.num_output_tokens + draft_index, logits)

@@ -18,7 +18,8 @@ import torch
 
 
 def request_generator(request_id: str, seed: int | None, job_seed: int) -> torch.Generator:
-    """A generator per request, so a request's samples do not depend on its batch-mates."""
+    """A generator per request: batch-mates never draw from it. How many numbers a row draws still
+    depends on its k, so text is reproducible only under the same schedule (see coupling.py)."""
     if seed is None:
         digest = hashlib.sha256(f"{job_seed}:{request_id}".encode()).digest()
         seed = int.from_bytes(digest[:8], "little") & (2**63 - 1)
