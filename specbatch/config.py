@@ -232,10 +232,11 @@ def config_to_dict(config: JobConfig) -> dict[str, Any]:
 
 # What a resumed job may change (`specbatch.job.drift`). A key is a section (all its fields, present and
 # future) or one `section.field`; the field's own key wins. Outputs: what a request's output law, or the
-# shards ingest cut, depend on — the models' weights, tokenizer and numerics, the sampling defaults and
-# coupling, the context, the seed, the sharding. Speed: how and where the same outputs are computed — the
-# drafter (exact speculative decoding keeps the target's law), batching, lookahead, KV budget, buckets,
-# devices and processes, part flushes.
+# shards ingest cut, depend on: the target's weights, code, tokenizer and dtype, the sampling defaults and
+# coupling, the context, the seed, the sharding. Speed: how and where the same outputs are computed: the
+# drafter and draft model (exact speculative decoding keeps the target's law), batching, lookahead, the
+# KV budget, buckets, device, attention kernel and threads (same maths, other rounding, as under another
+# batch), processes, part flushes.
 OUTPUT_FIELDS = frozenset({"models.target", "models.tokenizer", "models.dtype", "models.trust_remote_code",
                            "sampling", "capacity.max_context", "io.shard_size", "io.group_window", "seed"})
 SPEED_FIELDS = frozenset({"models.draft", "models.device", "models.attn_implementation", "models.num_threads",

@@ -26,17 +26,26 @@ class Status(enum.Enum):
     CANCELLED = "cancelled"
 
 
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS too). Dividing logits by T overflowed
+# (1e-308 gives inf, then NaN probabilities); at T >= 1e-5 a logit / T stays finite even in float32
+# for any logit below 3e33. Below it sampling differs from argmax only between logits closer than
+# 745 * T ~ 7e-3 (exp underflows in float64), finer than bfloat16 resolves a logit of magnitude >= 1.
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 128
-    temperature: float = 0.0  # 0 means greedy
+    temperature: float = 0.0  # below GREEDY_TEMPERATURE (0 included) means greedy
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Below `GREEDY_TEMPERATURE` sampling is greedy: every path (drafting, verify, `warp`'s
+        callers) asks here, so no path divides logits by a temperature that overflows them."""
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 @dataclass

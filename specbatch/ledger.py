@@ -1,7 +1,8 @@
 """The job ledger: fixed Arrow schemas for `results`, `requests`, `rounds`, `steps`, and a part writer.
 
 A job directory holds one folder per table. Records are buffered and written as *parts*: the same
-part name in every table folder, `part-w{worker:02d}-{run_id}-{seq:05d}.parquet`. Each file is
+part name in every table folder, `part-w{worker:02d}-{run_id}-{seq:05d}.parquet` (seq 100000 and up
+take more digits, so order parts with `part_order`, not by name). Each file is
 written under a `.tmp` name and renamed; the `results` file is renamed last, so its existence is the
 commit point of the whole part. Readers (`committed_request_ids`, `read_table`, `sql/views.sql`)
 only count a part whose results file exists. Every part writes all four files, even empty ones, so
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 TABLES = ("rounds", "steps", "requests", "results")  # write order: results last (the commit point)
 PART_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
-_PART_RE = re.compile(r"^part-w(?P<worker>\d+)-(?P<run>.+)-(?P<seq>\d{5})$")
+_PART_RE = re.compile(r"^part-w(?P<worker>\d+)-(?P<run>.+)-(?P<seq>\d+)$")
 
 SCHEMAS: dict[str, pa.Schema] = {
     "rounds": arrow_schema(RoundRecord),
@@ -164,8 +165,9 @@ class PartWriter:
 
 
 def committed_parts(job_dir: Path) -> list[str]:
-    """Part names whose results file exists (the commit point), sorted."""
-    return sorted(p.name[: -len(PART_SUFFIX)] for p in (Path(job_dir) / "results").glob("*" + PART_SUFFIX))
+    """Part names whose results file exists (the commit point), in `part_order`."""
+    names = (p.name[: -len(PART_SUFFIX)] for p in (Path(job_dir) / "results").glob("*" + PART_SUFFIX))
+    return sorted(names, key=part_order)
 
 
 def committed_request_ids(job_dir: Path, statuses: Iterable[str] | None = None) -> set[str]:
@@ -226,6 +228,14 @@ def parse_part_name(name: str) -> tuple[int, str, int]:
     if match is None:
         raise ValueError(f"not a part name: {name!r}")
     return int(match["worker"]), match["run"], int(match["seq"])
+
+
+def part_order(name: str) -> tuple[int, str, int]:
+    """Sort key (worker, run, seq) by number: `-100000` comes after `-99999`, which names do not."""
+    try:
+        return parse_part_name(name)
+    except ValueError:
+        return -1, name, -1  # not a part name: first, by name
 
 
 def retire_cancelled_results(job_dir: Path) -> int:

@@ -8,6 +8,7 @@ records for the ledger. The same loop runs the real models (`engine.build`) and 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,12 +16,15 @@ from typing import Protocol
 
 from specbatch.config import JobConfig
 from specbatch.core import Backend, RoundOutcome, RoundPlan, Row, Status
+from specbatch.isolation import MAX_FAILED_IN_A_ROW, failure_message, is_request_fault, plan_rows, split_plan
 from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
 from specbatch.sched.commit import RoundCommit, commit_round
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import make_scheduler
 from specbatch.sched.scheduler import Scheduler
 from specbatch.sched.stops import StopChecker
+
+log = logging.getLogger(__name__)
 
 
 class Recorder(Protocol):
@@ -75,6 +79,7 @@ class Engine:
         self.scheduler, self.backend, self.stops, self.recorder = scheduler, backend, stops, recorder
         self.worker_id, self.clock = worker_id, clock
         self.num_rounds = 0
+        self.num_failed_in_a_row = 0  # requests dropped as `failed` since a plan last succeeded
 
     def add(self, row: Row) -> None:
         row.arrival_s = row.arrival_s or self.clock()
@@ -85,7 +90,7 @@ class Engine:
             self.step()
 
     def step(self) -> list[Row]:
-        """One round; returns the rows that finished in it."""
+        """One planned round (executed in parts if a request fails); returns the rows that finished."""
         started_s = self.clock()
         plan, admission = self.scheduler.plan(started_s)
         for row in admission.preempted:
@@ -96,7 +101,26 @@ class Engine:
             self.record_finished(row)
         if plan.is_empty:
             return list(admission.dropped)
-        outcome = self.backend.execute(plan)
+        return list(admission.dropped) + self._serve(plan, started_s)
+
+    def _serve(self, plan: RoundPlan, started_s: float) -> list[Row]:
+        """Execute and commit a plan; returns the rows that finished. When execute raises for a
+        request's fault (it wrote no row), the plan runs again in halves until the rows that fail run
+        alone: those are dropped, every other row is committed and recorded as usual, each executed
+        half as a round of its own. Failed attempts committed nothing and are no rounds."""
+        try:
+            outcome = self.backend.execute(plan)
+        except Exception as error:
+            if not is_request_fault(error):
+                raise
+            rows = plan_rows(plan)
+            if len(rows) == 1:
+                return [self._fail(rows[0], error)]
+            return [row for half in split_plan(plan) for row in self._serve(half, self.clock())]
+        self.num_failed_in_a_row = 0
+        return self._commit(plan, outcome, started_s)
+
+    def _commit(self, plan: RoundPlan, outcome: RoundOutcome, started_s: float) -> list[Row]:
         commit_started = time.perf_counter()
         emitted_s = self.clock()
         commit = commit_round(self.scheduler, self.stops, plan, outcome, emitted_s)
@@ -115,7 +139,21 @@ class Engine:
         round_ms = (self.clock() - started_s) * 1000  # the engine's clock: wall time, or virtual in the simulator
         self.recorder.add_round(self._round_record(plan, outcome, commit, started_s, commit_ms, round_ms))
         self.num_rounds += 1
-        return list(admission.dropped) + commit.finished
+        return commit.finished
+
+    def _fail(self, row: Row, error: Exception) -> Row:
+        """Drop a row whose execute raised while it ran alone, as `failed` with the error's message;
+        raise instead when too many failed in a row (then the engine is broken, not a record)."""
+        self.num_failed_in_a_row += 1
+        if self.num_failed_in_a_row > MAX_FAILED_IN_A_ROW:
+            raise error
+        log.warning("request %s failed and is dropped: %s", row.request_id, failure_message(error))
+        row.status, row.finished_s = Status.DROPPED, self.clock()
+        row.drop_reason, row.drop_message = "failed", failure_message(error)
+        self.scheduler.finish(row)
+        self.backend.release(row, finished=True)
+        self.record_finished(row)
+        return row
 
     def cancel(self, rows: list[Row], reason: str) -> None:
         """Stop rows on purpose: waiting or running, each becomes `cancelled` with the tokens it has."""
@@ -136,6 +174,7 @@ class Engine:
 
     def record_finished(self, row: Row) -> None:
         """Request + result records of a row that is done (completed, dropped or cancelled)."""
+        self.stops.forget(row)
         finished_s = row.finished_s if row.finished_s is not None else self.clock()
         self.recorder.add_request(RequestRecord(
             request_id=row.request_id, worker_id=self.worker_id, domain=row.domain, status=row.status.value,

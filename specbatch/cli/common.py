@@ -15,8 +15,8 @@ from rich.markup import escape
 # The exit-code table (README "Exit codes"); every command exits with one of these.
 EXIT_OK = 0  # the job ran; dropped records are reported, not errors
 EXIT_INTERNAL = 1  # internal failure; the job can be resumed
-EXIT_USAGE = 2  # unusable input or config; nothing was run
-EXIT_STOPPED = 130  # stopped by Ctrl-C / SIGTERM; run the same command to resume
+EXIT_USAGE = 2  # unusable input or config, a refused config change, or the job is running; nothing was run
+EXIT_STOPPED = 130  # stopped by Ctrl-C / SIGTERM, or requests left cancelled; run the same command to resume
 
 console = Console()
 err = Console(stderr=True)

@@ -37,7 +37,8 @@ def submit(
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
     dataset_format: Annotated[str | None, typer.Option("--format", help="force the input format")] = None,
     column: Annotated[list[str], typer.Option(help="column mapping field=source_column")] = [],  # noqa: B006
-    force: Annotated[bool, typer.Option(help="resume even if the dataset changed")] = False,
+    force: Annotated[bool, typer.Option(
+        help="resume even if the dataset, or a config field that changes outputs, changed")] = False,
     deployment: Annotated[str | None, typer.Option(
         help="start a run of this deployment (NAME or specbatch-job/NAME) on the Prefect API in "
              "PREFECT_API_URL instead of running here; paths must exist where its worker runs")] = None,
@@ -47,7 +48,8 @@ def submit(
 
     Runs the `specbatch-job` Prefect flow in this process, on Prefect's temporary local server with its
     state in OUTPUT/.prefect (or on the server in PREFECT_API_URL, when set). Exit codes: 0 the job ran,
-    2 unusable input or config, 1 internal failure, 130 stopped (run the same command to resume).
+    2 unusable input or config (or the job is running elsewhere), 1 internal failure, 130 stopped or
+    requests left cancelled (run the same command to resume).
     """
     from specbatch.job.prepare import check_job_id, default_job_id
 
@@ -107,10 +109,15 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
 
 
 def _start_prefect_and_check(parameters: dict[str, Any], job_dir: Path) -> Any:
-    """Boot Prefect's local server (while torch and prefect import) and fail fast on unusable input;
-    returns the server to wait for, or None when PREFECT_API_URL names one."""
+    """Boot Prefect's local server (while torch and prefect import) and fail fast on unusable input or
+    a job that is running; returns the server to wait for, or None when PREFECT_API_URL names one."""
+    from specbatch.job.lock import check_not_running
     from specbatch.job.prefect_local import start_local_prefect
 
+    try:
+        check_not_running(job_dir)  # the flow takes the lock; this only fails before Prefect starts
+    except usage_errors() as error:
+        fail(str(error))
     server = start_local_prefect(Path(parameters["output"]))
     from specbatch.job.flow import check_inputs
 
@@ -131,9 +138,10 @@ def _exit_as(state: Any, job_dir: Path) -> None:
         fail(state.message or "unusable input")
     if state.is_completed() or state.is_cancelled():
         _print_summary(summary_from_dict(state.result(raise_on_failure=False)))
-    if state.is_cancelled():
+    if state.is_cancelled():  # stopped, or ended with requests left cancelled (not a success either way)
+        stopped = state.result(raise_on_failure=False).get("stopped")
         err.print(f"stopped: in-flight requests were recorded as cancelled; run the same command to resume "
-                  f"{job_dir.name}")
+                  f"{job_dir.name}" if stopped else state.message)
         raise typer.Exit(EXIT_STOPPED)
     if not state.is_completed():
         fail(f"internal failure: {state.message} (details in {job_dir / 'error.log'} if written; "

@@ -32,7 +32,7 @@ CouplingKind = Literal["rejection", "gumbel"]
 
 
 class Coupling(Protocol):
-    """The randomness of sampled (temperature > 0) rows; greedy rows never reach it."""
+    """The randomness of sampled rows (not `is_greedy`); greedy rows never reach it."""
 
     def admit(self, row: Row) -> None:
         """Set up the row's random state (once per request, kept across preemption)."""

@@ -11,7 +11,9 @@ import pyarrow.parquet as pq
 
 from specbatch.job.manifest import JobStatus, Manifest, load_manifest, update_manifest
 from specbatch.job.openai_output import output_line
-from specbatch.ledger import read_table
+from specbatch.ledger import read_table, retire_cancelled_results
+
+DONE_STATUSES = ("completed", "dropped")  # a request with such a result never runs again; cancelled ones do
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,12 @@ class JobSummary:
 
 
 def summarize(job_dir: Path) -> JobSummary:
+    """Counts of the committed results; a cancelled row of a request that ran again since is not counted."""
     manifest = load_manifest(job_dir)
-    results = read_table(job_dir, "results").select(["status", "drop_reason", "num_output_tokens"]).to_pylist()
+    columns = ["request_id", "status", "drop_reason", "num_output_tokens"]
+    rows = read_table(job_dir, "results").select(columns).to_pylist()
+    done = {row["request_id"] for row in rows if row["status"] in DONE_STATUSES}
+    results = [row for row in rows if row["status"] in DONE_STATUSES or row["request_id"] not in done]
     counts = {"completed": 0, "dropped": 0, "cancelled": 0}
     reasons: dict[str, int] = {}
     for row in results:
@@ -46,6 +52,8 @@ def finalize(job_dir: Path) -> JobSummary:
     """Export results.jsonl (and an OpenAI batch output file) and record the job's status."""
     summary = summarize(job_dir)
     manifest = load_manifest(job_dir)
+    if summary.is_complete:  # every cancelled row left ran again since; keep them out of the exports
+        retire_cancelled_results(job_dir)
     export_results_jsonl(job_dir)
     if manifest.dataset.format == "openai_batch":
         export_openai_output(job_dir)

@@ -9,7 +9,9 @@ Only the worker group retries. That is safe because a job resumes: cancelled res
 workers skip every request with a committed result and redo the rest. A job that cannot start
 (bad config, dataset or models, a changed dataset) ends the run in a `Failed` state named
 `UnusableInput` with a one-line message, no traceback and no retry. A local stop (Ctrl-C, SIGTERM)
-lets the workers commit, finalizes, and ends the run `Cancelled`.
+lets the workers commit, finalizes, and ends the run `Cancelled`; so does a run that ends with
+`cancelled` rows for any other reason. The run holds the job's lock (`specbatch.job.lock`) from before
+ingest to the end: a second runner of the same job ends `UnusableInput` at once.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from prefect.states import Cancelled, Failed, State
 from specbatch.config import ConfigError, JobConfig, load_config
 from specbatch.data.ingest import DatasetError, resolve_dataset
 from specbatch.engine.loading import ModelLoadError, resolve_model_path
-from specbatch.job.finalize import JobSummary, finalize
+from specbatch.job.finalize import DONE_STATUSES, JobSummary, finalize
 from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, stop_on_signals
+from specbatch.job.lock import JobRunningError, job_lock
 from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
 from specbatch.job.worker import WorkerProgress, run_worker
@@ -112,7 +115,7 @@ def run_workers(job_dir: str) -> dict | State:
         _logger().info("%d cancelled requests will run again", retired)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}"
     if hooks.on_start is not None:
-        hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path)))
+        hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path, DONE_STATUSES)))
     try:
         with stop_on_signals(hooks.stop_requested) if local else nullcontext():
             if choose_launcher(config.workers.num_processes) == "in-process":
@@ -141,7 +144,7 @@ def run_workers(job_dir: str) -> dict | State:
 def finalize_job(job_dir: str, workers: dict | None = None) -> dict:
     """Export results, record the job's status, and publish a markdown summary artifact."""
     summary = finalize(Path(job_dir))
-    outcome = {**summary_to_dict(summary), **(workers or {})}
+    outcome = {**(workers or {}), **summary_to_dict(summary)}  # the job's counts win over this run's
     if TaskRunContext.get() is not None:  # not when `.fn()` is called outside a run
         create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_dir.name),
                                  description=f"specbatch job {summary.job_dir.name}")
@@ -167,6 +170,15 @@ def specbatch_job(
     except USAGE_ERRORS as error:
         return _unusable(str(error))
     logger.info("job directory %s", job_dir.resolve())
+    try:
+        with job_lock(job_dir):  # held through ingest and finalize; the workers never take it
+            return _run_job(dataset, job_dir, job_config, force, dataset_format, column_map)
+    except JobRunningError as error:
+        return _unusable(str(error))
+
+
+def _run_job(dataset: str, job_dir: Path, job_config: JobConfig, force: bool, dataset_format: str | None,
+             column_map: dict[str, str] | None) -> dict | State:
     prepared = ingest_and_shard(dataset, str(job_dir), job_config.model_dump(mode="json"), force,
                                 dataset_format, column_map, return_state=True)
     if prepared.name == UNUSABLE_INPUT:
@@ -184,8 +196,11 @@ def specbatch_job(
         raise
     if outcome.get("stopped"):
         return Cancelled(message=f"stopped; run the same job again to resume {job_dir.name}", data=outcome)
+    if outcome["num_cancelled"]:  # e.g. a killed run's worker committed them late: not a success
+        return Cancelled(message=f"{outcome['num_cancelled']} requests ended cancelled; run the same job "
+                                 f"again to resume {job_dir.name}", data=outcome)
     if not outcome["is_complete"]:
-        logger.warning("job %s is not complete: %s", job_dir.name, outcome)
+        get_run_logger().warning("job %s is not complete: %s", job_dir.name, outcome)
     return outcome
 
 

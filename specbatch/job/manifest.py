@@ -4,6 +4,11 @@ Several worker processes update one manifest, so every change goes through `upda
 holds an exclusive `fcntl.flock` on `JOB_DIR/.manifest.lock` around load -> change -> save. Saves are
 atomic (temporary file, fsync, `os.replace`, fsync of the directory): a reader, or a job killed at
 any point, sees either the old manifest or the new one, never half of one.
+
+Committed parts are not saved that way: rewriting the whole manifest per part is quadratic in parts.
+`append_part` adds one fsynced line to the journal `JOB_DIR/manifest.parts.log`; `load_manifest`
+folds the journal into `Manifest.parts`, and the next save writes them into manifest.json and drops
+the journal. The results folder stays the source of truth for what is committed (see ledger.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
+JOURNAL_NAME = "manifest.parts.log"
 _VERSIONED_PACKAGES = ("specbatch", "torch", "transformers", "tokenizers", "datasets", "pyarrow")
 _CHUNK_BYTES = 1 << 20
 
@@ -69,9 +75,10 @@ class Manifest(_Model):
     status: JobStatus = "created"
     dataset: DatasetInfo
     config: dict[str, Any]
+    config_history: list[dict[str, Any]] = []  # per resume that changed it: {at, changed: {field: [old, new]}, forced}
     versions: dict[str, str]
     shards: list[ShardEntry] = []
-    parts: list[str] = []  # committed part files, relative to the job directory
+    parts: list[str] = []  # committed part names, in commit order (manifest.json + the journal)
     counters: dict[str, int | float] = {}  # raw totals (records done, dropped, ...); rates are derived
 
     def set_shards(self, shards: Iterable[ShardInfo]) -> None:
@@ -144,13 +151,35 @@ def load_manifest(job_dir: Path) -> Manifest:
     path = manifest_path(job_dir)
     text = path.read_text(encoding="utf-8")
     try:
-        return Manifest.model_validate_json(text)
+        manifest = Manifest.model_validate_json(text)
     except ValidationError as error:
         raise ManifestError(f"{path} is not a valid specbatch manifest: {error}") from error
+    manifest.parts.extend(_journaled_parts(job_dir, manifest.parts))
+    return manifest
+
+
+def _journaled_parts(job_dir: Path, known: list[str]) -> list[str]:
+    """Journal lines not in `known`, once each: a crash between a save and the journal's removal
+    leaves both holding a part. The text after the last newline is a line torn by a crash."""
+    try:
+        text = (Path(job_dir) / JOURNAL_NAME).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    seen = set(known)
+    added: list[str] = []
+    for name in text.split("\n")[:-1]:
+        if name and name not in seen:
+            seen.add(name)
+            added.append(name)
+    return added
 
 
 def save_manifest(job_dir: Path, manifest: Manifest) -> None:
-    """Write atomically: a temporary file in the same directory, fsync, rename, fsync the directory."""
+    """Write atomically: a temporary file in the same directory, fsync, rename, fsync the directory.
+
+    `manifest.parts` then holds the journal's parts too (it was loaded with them), so the journal
+    goes. While workers run, save only through `update_manifest`: its lock keeps out `append_part`.
+    """
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=job_dir, prefix=".manifest.", suffix=".tmp")
@@ -165,6 +194,7 @@ def save_manifest(job_dir: Path, manifest: Manifest) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(job_dir)
+    (job_dir / JOURNAL_NAME).unlink(missing_ok=True)
 
 
 def update_manifest(job_dir: Path, change: Callable[[Manifest], Manifest | None]) -> Manifest:
@@ -175,6 +205,24 @@ def update_manifest(job_dir: Path, change: Callable[[Manifest], Manifest | None]
         manifest = manifest if changed is None else changed
         save_manifest(job_dir, manifest)
         return manifest
+
+
+def append_part(job_dir: Path, name: str) -> None:
+    """List one committed part: an fsynced line on the journal, not a rewrite of the manifest."""
+    if "\n" in name:
+        raise ValueError(f"bad part name {name!r}")
+    with manifest_lock(job_dir):
+        fd = os.open(Path(job_dir) / JOURNAL_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a line torn by a crash: drop it
+                os.ftruncate(fd, os.pread(fd, size, 0).rfind(b"\n") + 1)
+            os.write(fd, f"{name}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if size == 0:
+            fsync_dir(Path(job_dir))  # a new journal's folder entry
 
 
 @contextmanager

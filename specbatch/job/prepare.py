@@ -1,20 +1,23 @@
 """The first step of a job: create or resume its directory (manifest, ingest + shards).
 
 `prepare` is idempotent: a new job ingests; an existing one is resumed after checking the
-dataset's fingerprint. Every step leaves the job directory resumable: shards are rewritten from
-scratch if ingest did not finish, and workers skip what already has a committed result.
+dataset's fingerprint and what changed in the config (`specbatch.job.drift`). Every step leaves the
+job directory resumable: shards are rewritten from scratch if ingest did not finish, and workers
+skip what already has a committed completed or dropped result.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
-from specbatch.config import JobConfig, config_to_dict
+from specbatch.config import JobConfig
 from specbatch.data.ingest import resolve_dataset
 from specbatch.data.shards import shard_dataset
 from specbatch.engine.loading import context_limit, load_tokenizer
+from specbatch.job.drift import config_changes, record_config, refusal
 from specbatch.job.manifest import (
     Manifest,
     fingerprint,
@@ -28,9 +31,12 @@ from specbatch.ledger import retire_cancelled_results
 
 log = logging.getLogger(__name__)
 
+MAX_JOB_ID_CHARS = 128
+_JOB_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_JOB_ID_CHARS - 1}}}")
+
 
 class JobError(ValueError):
-    """A job that cannot start as asked (changed dataset, bad job id); exit code 2."""
+    """A job that cannot start as asked (changed dataset or config, bad job id, running); exit code 2."""
 
 
 def default_job_id() -> str:
@@ -38,8 +44,12 @@ def default_job_id() -> str:
 
 
 def check_job_id(job_id: str) -> str:
-    if not job_id or job_id in (".", "..") or "/" in job_id or "\\" in job_id:
-        raise JobError(f"job id {job_id!r} must be a plain directory name")
+    """A job id names a directory that DuckDB globs (`JOB/results/*.parquet`) and shells and part
+    names quote: only [A-Za-z0-9._-], starting with a letter or digit, so no glob or list character
+    (`*?[]{},`), no NUL, no path separator, no leading `-` or `.`."""
+    if not _JOB_ID.fullmatch(job_id):
+        raise JobError(f"job id {job_id!r} may use only letters, digits, '.', '_' and '-', must start with a "
+                       f"letter or digit and be at most {MAX_JOB_ID_CHARS} characters")
     return job_id
 
 
@@ -56,10 +66,14 @@ def prepare(dataset: Path, job_dir: Path, config: JobConfig, force: bool = False
             raise JobError(f"dataset {source.path} changed since job {job_dir.name} started "
                            "(fingerprint differs); use a new --job-id, or --force to continue anyway")
         if manifest.status not in ("created", "ingesting"):
+            changes = config_changes(manifest.config, config)
+            refused = refusal(manifest, changes, config)
+            if refused and not force:
+                raise JobError(refused)
             retired = retire_cancelled_results(job_dir)
             if retired:
                 log.info("resuming: %d cancelled requests will run again", retired)
-            return update_manifest(job_dir, lambda m: _set_config(m, config))
+            return update_manifest(job_dir, lambda m: record_config(m, config, changes, forced=bool(refused)))
     job_dir.mkdir(parents=True, exist_ok=True)
     manifest = new_manifest(job_dir.name, source.path, source.format, config, source.column_map)
     manifest.status = "ingesting"
@@ -83,6 +97,3 @@ def max_prompt_tokens(config: JobConfig) -> int:
         limit = min(limit, config.capacity.kv_tokens - k_max - 2)
     return max(limit, 1)
 
-
-def _set_config(manifest: Manifest, config: JobConfig) -> None:
-    manifest.config = config_to_dict(config)

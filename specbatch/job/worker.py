@@ -1,9 +1,10 @@
 """One worker process: its shards → engine → ledger parts.
 
 Worker i of N takes shards i, i + N, ... of the manifest. It skips every request that already has a
-committed result (resume), streams shards into the engine so batching continues across shard
-boundaries, flushes parts every N requests or T seconds, and on a stop request cancels what is in
-flight (recorded as `cancelled` with its tokens) and commits before returning.
+committed completed or dropped result (resume; a cancelled one runs again), streams shards into the
+engine so batching continues across shard boundaries, flushes parts every N requests or T seconds,
+and on a stop request cancels what is in flight (recorded as `cancelled` with its tokens) and
+commits before returning.
 Launched in-process by `specbatch submit`, or as `accelerate launch ... -m specbatch.job.worker`.
 """
 
@@ -27,7 +28,8 @@ from specbatch.data.shards import read_shard_requests
 from specbatch.data.validate import Request
 from specbatch.engine.build import Models, build_hf_engine, load_models
 from specbatch.faults import crash_point
-from specbatch.job.manifest import load_manifest, update_manifest
+from specbatch.job.finalize import DONE_STATUSES
+from specbatch.job.manifest import append_part, load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.loop import Engine
 
@@ -98,7 +100,7 @@ def run_worker(
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S")
     with worker_lock(job_dir, worker_id):  # one runner per worker id, even a killed launcher's child
         remove_orphan_parts(job_dir, worker_id)
-        done = committed_request_ids(job_dir)
+        done = committed_request_ids(job_dir, DONE_STATUSES)  # cancelled rows, even late ones, run again
         names = my_shards(job_dir, worker_id, num_workers)
         models = models or load_models(config)
         writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
@@ -146,11 +148,11 @@ def _count(rows: list[Row], progress: WorkerProgress) -> None:
 
 
 def _record_part(job_dir: Path, name: str | None) -> None:
-    """After a part's commit (its results file renamed), list it in the manifest."""
+    """After a part's commit (its results file renamed), list it in the manifest's journal."""
     if name is None:
         return
     crash_point("part_committed")
-    update_manifest(job_dir, lambda manifest: manifest.parts.append(name))
+    append_part(job_dir, name)
 
 
 def _mark_shards(job_dir: Path, names: list[str], status: str, worker_id: int) -> None:

@@ -39,6 +39,7 @@ QUERIES: dict[str, str] = {  # file stem -> title, in report order
     "scheduler_overhead": "Scheduler overhead",
 }
 DATA_QUERIES = ("round_timeline", "latency_samples")  # plot inputs, not printed
+_GLOB_CHARS = frozenset("*?[]{},\\")  # sql/views.sql splits job_dir at ',' and globs each path
 _MAX_COLUMNS = 10  # wider results with few rows are shown transposed (one column per row)
 _HTML_HEAD = (
     "<!doctype html><html><head><meta charset='utf-8'><title>specbatch report</title><style>"
@@ -86,8 +87,10 @@ def connect(
     if len(set(names)) != len(names):
         raise ReportError(f"job directories must have distinct names (the job_id): {names}")
     for job_dir in job_dirs:
-        if "," in str(job_dir):
-            raise ReportError(f"a job directory path may not contain ',': {job_dir}")
+        special = sorted({c for c in str(job_dir) if c in _GLOB_CHARS or not c.isprintable()})
+        if special:
+            raise ReportError(f"job directory {str(job_dir)!r} has characters DuckDB would read as a glob "
+                              f"or a list ({''.join(special)!r}); rename or move it")
         if not ledger.committed_parts(Path(job_dir)):
             raise ReportError(f"{job_dir}: no committed parts (results/*.parquet); nothing to report")
     if baseline is not None and Path(baseline).name not in names:

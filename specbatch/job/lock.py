@@ -1,0 +1,79 @@
+"""One runner per job: `JOB_DIR/.job.lock`, held by whatever runs the flow for that directory.
+
+Two runners of one job (two `specbatch submit`, or a submit and a deployment run) would otherwise
+both process the same shards under different worker ids, and a second ingest deletes the first
+one's shards. The lock is an exclusive `fcntl.flock`: the kernel drops it when the holder dies, even
+by `kill -9`, so a stale lock is taken over without any clean-up. The holder's pid and host are
+written into the file only for the message a second runner prints. Worker processes started by the
+holder never take it (they hold their own `worker_lock`), and the file descriptor is not inherited.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from specbatch.job.prepare import JobError
+
+LOCK_NAME = ".job.lock"
+WAIT_S = 2.0  # a runner retries this long: `check_not_running` of another CLI holds the lock for an instant
+
+
+class JobRunningError(JobError):
+    """Another process holds the job's lock; exit code 2, nothing was touched."""
+
+
+@contextmanager
+def job_lock(job_dir: Path, wait_s: float = WAIT_S) -> Iterator[None]:
+    """Hold JOB_DIR/.job.lock for the whole run, or raise `JobRunningError` within `wait_s`."""
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(job_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)  # not inheritable (PEP 446)
+    try:
+        _lock_or_raise(fd, job_dir, time.monotonic() + wait_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def check_not_running(job_dir: Path) -> None:
+    """Raise `JobRunningError` if a runner holds the job's lock now (a fast check before starting)."""
+    path = Path(job_dir) / LOCK_NAME
+    if not path.exists():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _lock_or_raise(fd, Path(job_dir), deadline=0.0)
+    finally:
+        os.close(fd)
+
+
+def _lock_or_raise(fd: int, job_dir: Path, deadline: float) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    pid, host = _holder(job_dir)
+    raise JobRunningError(f"job {job_dir.name} is running (pid {pid} on {host}); wait for it to end, "
+                          "or stop it, then run the same command to resume")
+
+
+def _holder(job_dir: Path) -> tuple[str, str]:
+    """(pid, host) written by the holder; '?' while it has not written them yet."""
+    try:
+        holder = json.loads((job_dir / LOCK_NAME).read_text(encoding="utf-8"))
+        return str(holder["pid"]), str(holder["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?", "?"
