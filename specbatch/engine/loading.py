@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import ModelsConfig
@@ -21,6 +28,14 @@ log = logging.getLogger(__name__)
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Model types whose layers keep recurrent or convolutional state that a KV cache cannot hold; the
+# `layer_types` check below catches most hybrids, these declare no (or too few) layer types.
+RECURRENT_MODEL_TYPES = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba", "zamba2", "falcon_h1", "granitemoehybrid",
+    "nemotron_h", "recurrent_gemma", "rwkv", "xlstm", "lfm2", "lfm2_moe",
+})
+ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt"})
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})  # sliding: see the window check
 
 
 class ModelLoadError(ValueError):
@@ -52,13 +67,60 @@ def resolve_model_path(name: str) -> Path:
     return path
 
 
+def max_positions(config: PreTrainedConfig) -> int:
+    """The position limit of a text config (learned or rotary positions alike)."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048
+
+
 def kv_shape(model: PreTrainedModel) -> KVShape:
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048
     return KVShape(config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim, getattr(config, "v_head_dim", None) or head_dim, positions)
+                   head_dim, getattr(config, "v_head_dim", None) or head_dim, max_positions(config))
+
+
+def unsupported_reason(config: PreTrainedConfig) -> str | None:
+    """Why the slot cache cannot serve this model exactly, or None if it can.
+
+    The engine passes every layer one full causal 4D mask over the slot and keeps only attention
+    keys and values, so a model that masks differently or keeps other state would run wrong."""
+    text = config.get_text_config()
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder models are not supported: the slot cache serves decoder-only causal LMs"
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    if text.model_type in RECURRENT_MODEL_TYPES or layer_types - ATTENTION_LAYER_TYPES:
+        kinds = sorted(layer_types - ATTENTION_LAYER_TYPES) or ["recurrent"]
+        return (f"hybrid or recurrent layers (model_type={text.model_type!r}, layer types {kinds}) are not "
+                "supported: the slot cache holds attention keys and values only, not recurrent state")
+    if text.model_type in ALIBI_MODEL_TYPES or getattr(text, "alibi", False):
+        return ("ALiBi position bias is not supported: the model builds it from a 2D padding mask, and the "
+                "engine passes per-row 4D masks")
+    return _window_reason(text)
+
+
+def _window_reason(text: PreTrainedConfig) -> str | None:
+    positions = max_positions(text)
+    window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
+    name = "sliding_window"
+    if "local" in (getattr(text, "attention_layers", None) or ()):  # GPT-Neo's local layers
+        window, name = getattr(text, "window_size", None), "window_size"
+    if window is None or window >= positions:  # a window as long as the context masks nothing
+        return None
+    return (f"sliding-window attention (config.{name}={window}) is not supported: the engine masks full causal "
+            f"attention, so positions more than {window} back would be attended to; a window at least the "
+            f"model's {positions} positions long is accepted")
+
+
+def read_config(name: str, models: ModelsConfig) -> PreTrainedConfig:
+    """A model's config.json, refused here if the engine cannot run the model exactly."""
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=models.trust_remote_code)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(f"cannot read the model config at {name}: {error}") from error
+    if (reason := unsupported_reason(config)) is not None:
+        raise ModelLoadError(f"model {name!r} cannot be served exactly: {reason}")
+    return config
 
 
 def load_tokenizer(models: ModelsConfig) -> PreTrainedTokenizerBase:
@@ -72,11 +134,11 @@ def load_tokenizer(models: ModelsConfig) -> PreTrainedTokenizerBase:
 
 
 def load_model(name: str, models: ModelsConfig) -> PreTrainedModel:
-    path = resolve_model_path(name)
+    path, config = resolve_model_path(name), read_config(name, models)
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[models.dtype], attn_implementation=models.attn_implementation,
+            path, config=config, dtype=DTYPES[models.dtype], attn_implementation=models.attn_implementation,
             trust_remote_code=models.trust_remote_code,
         )
     except (OSError, ValueError, KeyError) as error:
@@ -96,15 +158,7 @@ def check_same_tokenizer(target_dir: str, draft_dir: str, tokenizer: PreTrainedT
 
 
 def context_limit(models: ModelsConfig) -> int:
-    """The target's (and draft's) position limit, read from config.json without loading weights."""
-    from transformers import AutoConfig
-
-    limits = []
-    for name in filter(None, (models.target, models.draft)):
-        try:
-            config = AutoConfig.from_pretrained(resolve_model_path(name),
-                                                trust_remote_code=models.trust_remote_code).get_text_config()
-        except (OSError, ValueError) as error:
-            raise ModelLoadError(f"cannot read the model config at {name}: {error}") from error
-        limits.append(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048)
-    return min(limits)
+    """The target's (and draft's) position limit, read from config.json without loading weights; an
+    unsupported model is refused here too, before a job is prepared."""
+    return min(max_positions(read_config(name, models).get_text_config())
+               for name in filter(None, (models.target, models.draft)))
