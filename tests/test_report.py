@@ -7,6 +7,7 @@ job directories and put the fixture's name in `JOB_SETS`.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -154,16 +155,39 @@ README_PYTHON = (  # the same without the duckdb CLI binary
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _drops_csv_lines(command: str, job: Path) -> list[str]:
-    done = subprocess.run(command.replace("JOB", str(job)).replace(".venv/bin/python", sys.executable), shell=True,
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
-    return done.stdout.strip().splitlines()
+def duckdb_cli() -> str:
+    """The `duckdb` binary that duckdb-cli (test extras) puts in this venv's bin, found even when PATH
+    lacks that bin; else one on PATH."""
+    found = shutil.which("duckdb", path=str(Path(sys.executable).parent)) or shutil.which("duckdb")
+    assert found, "no duckdb CLI binary: the test extras install it (pip install -e '.[test]', or duckdb-cli)"
+    return found
+
+
+def _run_readme_line(command: str) -> str:
+    """Run a README command line from the repository root, with this venv's python and duckdb."""
+    command = command.replace(".venv/bin/python", sys.executable)
+    if command.startswith("duckdb "):
+        command = shlex.quote(duckdb_cli()) + command.removeprefix("duckdb")
+    done = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.mark.parametrize("command", [README_PYTHON, README_DUCKDB], ids=["python", "duckdb-cli"])
 def test_the_readme_command_line_works(fake_jobs: list[Path], command: str) -> None:
-    if command.startswith("duckdb") and shutil.which("duckdb") is None:
-        pytest.skip("no duckdb CLI binary on PATH (pip install duckdb-cli)")
-    lines = _drops_csv_lines(command, fake_jobs[1])
+    lines = _run_readme_line(command.replace("JOB", str(fake_jobs[1]))).strip().splitlines()
     assert lines[0].split(",")[:4] == ["job_id", "status", "reason", "num_requests"]
     assert len(lines) - 1 == len(expected_drops(fake_jobs[1:]))
+
+
+def test_the_readme_duckdb_line_runs_as_written(fake_jobs: list[Path]) -> None:
+    """The duckdb line of the README's "Reports with DuckDB", word for word but the job directory,
+    with the CLI version the test extras pin: the same minor as the Python duckdb package."""
+    readme = (REPO / "README.md").read_text()
+    line = next(text for text in readme.splitlines() if text.startswith("duckdb -cmd"))
+    assert line.startswith(README_DUCKDB.split(" -csv")[0].replace("JOB", "outputs/demo"))
+    assert "pip install duckdb-cli" in readme
+    version = subprocess.run([duckdb_cli(), "-version"], capture_output=True, text=True, check=True).stdout
+    assert version.split()[0].removeprefix("v").split(".")[:2] == duckdb.__version__.split(".")[:2], version
+    output = _run_readme_line(line.replace("outputs/demo", str(fake_jobs[1])))
+    assert "committed_tokens_per_s" in output and fake_jobs[1].name in output

@@ -30,7 +30,8 @@ def kv_invariants(scheduler, plan) -> None:
     assert plan.num_target_rows <= scheduler.limits.max_round_tokens
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same 40 examples in every run (no example database), so a run cannot flake
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(requests=requests, capacity=st.integers(40, 400), order=st.sampled_from(["fcfs", "sjf", "laps-sd", "specbatch"]),
        admission=st.sampled_from(["reserve", "optimistic"]),
        lookahead=st.sampled_from(["fixed:3", "adaptive", "slack"]),
