@@ -87,6 +87,7 @@ def test_a_new_draft_may_not_shorten_the_context(tmp_path, tiny_pair):
         prepare(dataset, job_dir, load_config(None, [*base, f"models.draft={tmp_path / 'short'}"]))
 
 
+@pytest.mark.slow  # a whole job through the CLI; the logic is tested without one above
 def test_submit_exits_2_on_drift_and_names_the_change(tmp_path, tiny_pair):
     dataset = write_jsonl(tmp_path / "data.jsonl", RECORDS)
     config = write_config(tmp_path, tiny_pair)

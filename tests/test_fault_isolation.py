@@ -140,6 +140,7 @@ def test_split_plan_keeps_a_rows_prefill_and_verify_together():
     assert (first.plan_ms, second.plan_ms) == (5.0, 0.0)
 
 
+@pytest.mark.slow  # a whole job through the CLI; the logic is tested without one above
 def test_job_with_a_tiny_temperature_completes(tmp_path, tiny_pair):
     records = [{"id": "zero", "prompt": "def add(a, b):", "max_new_tokens": 12, "temperature": 0},
                {"id": "tiny", "prompt": "def add(a, b):", "max_new_tokens": 12, "temperature": 1e-308},
