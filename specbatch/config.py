@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 MAX_LOOKAHEAD = 16  # drafts per row; bounds fixed:K and scheduler.max_lookahead
@@ -113,9 +114,19 @@ class ModelsConfig(_Section):
     tokenizer: str | None = None  # defaults to the target's directory
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
+    draft_device: str | None = None  # the draft model's device; None: models.device
+    graphs: Literal["eager", "compile", "cuda-graphs"] = "eager"  # decode-shaped passes (engine/graphs.py)
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     trust_remote_code: bool = False
     num_threads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _cuda_graphs_on_cuda(self) -> ModelsConfig:
+        devices = {self.device, self.draft_device or self.device}
+        if self.graphs == "cuda-graphs" and not all(d.startswith("cuda") for d in devices):
+            raise ValueError(f"graphs=cuda-graphs needs CUDA devices, not {' and '.join(sorted(devices))}; "
+                             "use graphs=compile on a CPU")
+        return self
 
 
 class DrafterConfig(_Section):
@@ -239,7 +250,8 @@ def config_to_dict(config: JobConfig) -> dict[str, Any]:
 # batch), processes, part flushes.
 OUTPUT_FIELDS = frozenset({"models.target", "models.tokenizer", "models.dtype", "models.trust_remote_code",
                            "sampling", "capacity.max_context", "io.shard_size", "io.group_window", "seed"})
-SPEED_FIELDS = frozenset({"models.draft", "models.device", "models.attn_implementation", "models.num_threads",
+SPEED_FIELDS = frozenset({"models.draft", "models.device", "models.draft_device", "models.graphs",
+                          "models.attn_implementation", "models.num_threads",
                           "drafter", "scheduler", "capacity.kv_tokens", "capacity.kv_bytes", "capacity.admission",
                           "buckets", "io.part_every_requests", "io.part_every_s", "workers"})
 

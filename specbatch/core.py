@@ -197,6 +197,7 @@ class RoundOutcome:
     prefill_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    warmup_ms: float = 0.0  # capturing graphs before this round's passes (a worker's first round)
 
 
 class Backend(Protocol):

@@ -220,7 +220,7 @@ class Engine:
             kv_len=verify.kv_len if verify else 0, num_kv_tokens_read=kv_read,
             kv_tokens_in_use=self.scheduler.kv.num_used, kv_tokens_capacity=self.scheduler.kv.capacity_tokens,
             plan_ms=plan.plan_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
-            verify_ms=outcome.verify_ms, commit_ms=commit_ms, round_ms=round_ms,
+            verify_ms=outcome.verify_ms, commit_ms=commit_ms, warmup_ms=outcome.warmup_ms, round_ms=round_ms,
         )
 
 

@@ -45,6 +45,7 @@ class RoundRecord:
     draft_ms: float
     verify_ms: float
     commit_ms: float
+    warmup_ms: float  # graph capture before the round's passes (engine/graphs.py); part of round_ms
     round_ms: float
 
 

@@ -284,8 +284,8 @@ def expected_overhead(jobs: list[Path]) -> list[dict]:
         rounds = rows(job, "rounds")
         if not rounds:
             continue
-        phases = ("plan", "prefill", "draft", "verify", "commit")
-        total = {c: sum(r[c] for r in rounds) for c in ("round_ms", *(f"{p}_ms" for p in phases))}
+        phases = ("plan", "prefill", "draft", "verify", "commit", "warmup")
+        total = {c: sum(r[c] or 0 for r in rounds) for c in ("round_ms", *(f"{p}_ms" for p in phases))}
         out.append({
             "job_id": job.name,
             "num_rounds": len(rounds),

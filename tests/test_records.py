@@ -51,7 +51,7 @@ EXPECTED_ROUNDS = _schema(
         "kv_tokens_in_use",
         "kv_tokens_capacity",
     ),
-    *_required(_F64, "plan_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "round_ms"),
+    *_required(_F64, "plan_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "warmup_ms", "round_ms"),
 )
 
 EXPECTED_STEPS = _schema(

@@ -23,6 +23,9 @@ def bench(
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
     assisted_prompts: Annotated[int | None, typer.Option(help="prompts for hf-assisted (slow, batch 1)")] = None,
     suite: Annotated[str, typer.Option(help="engine (vs HF) or policies")] = "engine",
+    graphs: Annotated[str, typer.Option(help="graph modes to run specbatch in, comma-separated: "
+                                             "eager,compile,cuda-graphs")] = "eager",
+    job_prompts: Annotated[int, typer.Option(help="job size over which graph capture is charged")] = 2000,
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
@@ -39,7 +42,8 @@ def bench(
     from specbatch.lab.bench import run_bench, write_json
 
     try:
-        results = run_bench(prompts, max_new_tokens, batch_size, config, set_, assisted_prompts, console)
+        results = run_bench(prompts, max_new_tokens, batch_size, config, set_, assisted_prompts, console,
+                            tuple(mode.strip() for mode in graphs.split(",")), job_prompts)
     except usage_errors() as error:
         fail(str(error))
     if json_path is not None:

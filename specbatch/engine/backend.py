@@ -6,6 +6,7 @@ scheduler's commit step (`sched/commit.py`), from the `RoundOutcome` returned he
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -19,9 +20,10 @@ from specbatch.engine.slot_cache import SlotCache
 
 class HFBackend:
     def __init__(self, target: SlotModel, drafter: Drafter, vocab_size: int, coupling: Coupling,
-                 draft_cache: SlotCache | None = None) -> None:
+                 draft_cache: SlotCache | None = None, warm_up: Callable[[], None] | None = None) -> None:
         self.target, self.cache, self.drafter = target, target.cache, drafter
         self.draft_cache = draft_cache  # moved along with the target's when rows change slots
+        self._warm_up = warm_up  # captures graphs; runs before the first round's passes, then never
         self.vocab_size, self.coupling = vocab_size, coupling
         self.slot_of: dict[str, int] = {}  # request id -> slot
         self.slot_owner: dict[int, Row] = {}
@@ -46,6 +48,11 @@ class HFBackend:
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         """Prefill pass (the draft cache alongside), drafting, one verify pass, the acceptance rule."""
         outcome = RoundOutcome()
+        if self._warm_up is not None:
+            started = time.perf_counter()
+            self._warm_up()  # before any pass: no row has KV yet for it to overwrite
+            self._warm_up = None
+            outcome.warmup_ms = (time.perf_counter() - started) * 1000
         self._arrange_slots([row for row, _ in plan.decode])
         if plan.prefill:
             started = time.perf_counter()

@@ -3,7 +3,9 @@ engine around it is `loop.build_engine`, the same as the simulator's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -13,6 +15,7 @@ from specbatch.engine.backend import HFBackend
 from specbatch.engine.coupling import make_coupling
 from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specbatch.engine.forward import SlotModel
+from specbatch.engine.graphs import GraphMode, decode_step, warm_shapes
 from specbatch.engine.loading import (
     ModelLoadError,
     check_same_tokenizer,
@@ -22,8 +25,7 @@ from specbatch.engine.loading import (
 )
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
-from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.factory import max_lookahead
+from specbatch.sched.factory import job_buckets, max_lookahead
 
 
 @dataclass
@@ -33,6 +35,15 @@ class Models:
     target: PreTrainedModel
     draft: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
+    _steps: dict[tuple[str, GraphMode], Callable[..., Any]] = field(default_factory=dict)
+
+    def step(self, role: str, mode: GraphMode) -> Callable[..., Any]:
+        """What runs `role`'s ("target" or "draft") decode passes in `mode`, compiled once per model."""
+        if (role, mode) not in self._steps:
+            model = self.target if role == "target" else self.draft
+            assert model is not None
+            self._steps[role, mode] = decode_step(model, mode)
+        return self._steps[role, mode]
 
 
 def load_models(config: JobConfig) -> Models:
@@ -46,7 +57,7 @@ def load_models(config: JobConfig) -> Models:
         if not m.draft:
             raise ModelLoadError("drafter.kind is 'draft' but models.draft is not set")
         check_same_tokenizer(m.target, m.draft, tokenizer, m)
-        draft = load_model(m.draft, m)
+        draft = load_model(m.draft, m, m.draft_device)
     return Models(target, draft, tokenizer)
 
 
@@ -77,11 +88,15 @@ def eos_token_ids(models: Models) -> set[int]:
     return ids
 
 
-def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int) -> SlotCache:
+def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int, graphs: GraphMode) -> SlotCache:
     shape = kv_shape(model)
     device = next(model.parameters()).device
-    return SlotCache(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, slot_len,
-                     model.dtype, device, shape.value_head_dim)
+    cache = SlotCache(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, slot_len,
+                      model.dtype, device, shape.value_head_dim, views=graphs == "eager")
+    if graphs == "cuda-graphs":  # graphs replay into these buffers: their addresses must not change
+        for tensor in cache.keys + cache.values:
+            torch._dynamo.mark_static_address(tensor)
+    return cache
 
 
 def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimits]:
@@ -89,24 +104,33 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
     context = max_context(config, models)
     slot_len = context + k_max + 1
     num_slots = config.scheduler.max_batch_rows + 1  # + scratch slot for padded batch rows
-    buckets = ShapeBuckets(config.buckets.batch_rows, config.buckets.query_len, config.buckets.kv_len_multiple)
+    graphs, max_rows = config.models.graphs, config.scheduler.max_batch_rows
+    buckets = job_buckets(config)
     mask_dtype = None if config.models.attn_implementation == "sdpa" else models.target.dtype
     vocab_size = models.target.get_output_embeddings().weight.shape[0]
+    target_device = next(models.target.parameters()).device
+    target = SlotModel(models.target, _slot_cache(models.target, num_slots, slot_len, graphs), buckets, mask_dtype,
+                       pad_decode=True, pad_prefill=graphs == "eager", step=models.step("target", graphs))
     drafter: Drafter
-    draft_cache = None
+    draft, draft_cache = None, None
     if config.drafter.kind == "draft":
         assert models.draft is not None
-        draft_cache = _slot_cache(models.draft, num_slots, slot_len)
-        drafter = DraftModelDrafter(SlotModel(models.draft, draft_cache, buckets, mask_dtype, pad_to_bucket=False),
-                                    vocab_size)
+        draft_cache = _slot_cache(models.draft, num_slots, slot_len, graphs)
+        draft = SlotModel(models.draft, draft_cache, buckets, mask_dtype, pad_decode=graphs != "eager",
+                          pad_prefill=False, step=models.step("draft", graphs))
+        drafter = DraftModelDrafter(draft, vocab_size, target_device)
     elif config.drafter.kind == "ngram":
         drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
     else:
         drafter = NoDrafter()
-    target = SlotModel(models.target, _slot_cache(models.target, num_slots, slot_len), buckets, mask_dtype,
-                       pad_to_bucket=True)
-    coupling = make_coupling(config.sampling.coupling, config.seed)
-    backend = HFBackend(target, drafter, vocab_size, coupling, draft_cache)
+
+    def warm_up() -> None:
+        target.warm_up(warm_shapes(buckets, max_rows, k_max + 1))
+        if draft is not None:
+            draft.warm_up(warm_shapes(buckets, max_rows, 2))  # a draft step feeds 1 token, or 2 catching up
+
+    coupling = make_coupling(config.sampling.coupling, config.seed, target_device)
+    backend = HFBackend(target, drafter, vocab_size, coupling, draft_cache, None if graphs == "eager" else warm_up)
     tokenizer = models.tokenizer
     limits = EngineLimits(context, kv_capacity_tokens(config, models, slot_len), frozenset(eos_token_ids(models)),
                           lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)))

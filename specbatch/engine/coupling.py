@@ -50,13 +50,14 @@ class Coupling(Protocol):
 
 
 class RejectionCoupling:
-    def __init__(self, job_seed: int) -> None:
-        self.job_seed = job_seed
+    def __init__(self, job_seed: int, device: torch.device | str = "cpu") -> None:
+        self.job_seed, self.device = job_seed, device
         self.generators: dict[str, torch.Generator] = {}
 
     def admit(self, row: Row) -> None:
         if row.request_id not in self.generators:
-            self.generators[row.request_id] = request_generator(row.request_id, row.params.seed, self.job_seed)
+            self.generators[row.request_id] = request_generator(row.request_id, row.params.seed, self.job_seed,
+                                                                      self.device)
 
     def release(self, row: Row) -> None:
         self.generators.pop(row.request_id, None)
@@ -110,5 +111,6 @@ class GumbelCoupling:
         return warp(logits, row.params.temperature, row.params.top_p).log()  # top-p's cut tokens: -inf
 
 
-def make_coupling(kind: CouplingKind, job_seed: int) -> Coupling:
-    return GumbelCoupling(job_seed) if kind == "gumbel" else RejectionCoupling(job_seed)
+def make_coupling(kind: CouplingKind, job_seed: int, device: torch.device | str = "cpu") -> Coupling:
+    """`device`: the target's; Gumbel noise is drawn on the CPU (the same on every device) and moved."""
+    return GumbelCoupling(job_seed) if kind == "gumbel" else RejectionCoupling(job_seed, device)

@@ -63,8 +63,9 @@ class NgramDrafter(NoDrafter):
 class DraftModelDrafter:
     uses_model = True
 
-    def __init__(self, draft: SlotModel, vocab_size: int) -> None:
+    def __init__(self, draft: SlotModel, vocab_size: int, target_device: torch.device) -> None:
         self.draft, self.vocab_size = draft, vocab_size  # vocab_size: the target's
+        self.target_device = target_device  # where q and the random streams live (models.draft_device may differ)
 
     def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
         return self.draft.forward(slots, num_computed, chunks, keep_logits=False)[1]
@@ -82,7 +83,7 @@ class DraftModelDrafter:
             logits, shape = self.draft.forward([slots[i] for i in active], [fed_to[i] for i in active], chunks)
             assert logits is not None
             last = logits[torch.arange(len(active)), torch.tensor([len(c) - 1 for c in chunks])]  # [rows, vocab]
-            last = self._to_target_vocab(last)
+            last = self._to_target_vocab(last).to(self.target_device)
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[row_index])
                 proposals.num_fed[i] += len(chunks[row_index])

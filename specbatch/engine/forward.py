@@ -1,11 +1,16 @@
 """A Hugging Face causal LM over its slot cache: one ragged forward pass per call.
 
 Row b feeds `chunks[b]` at positions starts[b]..; rows are right-padded to the pass's query length
-and, for the target, the batch is padded with dummy rows (the scratch slot) up to a shape bucket.
+and, where the model pads to shape buckets, the batch is padded with dummy rows (the scratch slot).
 Positions are always explicit per row, so learned and rotary position embeddings both stay exact.
+Decode-shaped passes (those that keep logits) run through `step`, the model or its captured graphs
+(`engine/graphs.py`); prefill passes run the model eagerly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -18,9 +23,13 @@ class SlotModel:
     """A model, the slot cache it writes, and how its passes are shaped."""
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, buckets: ShapeBuckets,
-                 mask_dtype: torch.dtype | None, pad_to_bucket: bool) -> None:
+                 mask_dtype: torch.dtype | None, pad_decode: bool, pad_prefill: bool,
+                 step: Callable[..., Any] | None = None) -> None:
         self.model, self.cache, self.buckets, self.mask_dtype = model, cache, buckets, mask_dtype
-        self.pad_to_bucket = pad_to_bucket  # the target pads to shape buckets; the drafter runs exact shapes
+        # which passes pad to shape buckets: the target's all (eager) or its decode passes (graphs);
+        # the drafter's none (eager) or its draft steps (graphs)
+        self.pad_decode, self.pad_prefill = pad_decode, pad_prefill
+        self.step = model if step is None else step
         self.scratch_slot = cache.num_slots - 1  # padded batch rows write here
 
     @torch.no_grad()
@@ -28,7 +37,7 @@ class SlotModel:
                 keep_logits: bool = True) -> tuple[torch.Tensor | None, PassShape]:
         """Run the model; returns logits [len(slots), query_len, vocab] (None if keep_logits is False)."""
         query_len, num_bucket_rows = max(len(chunk) for chunk in chunks), len(slots)
-        if self.pad_to_bucket:
+        if self.pad_decode if keep_logits else self.pad_prefill:
             bucket = self.buckets.fit(num_bucket_rows, query_len)
             query_len, num_bucket_rows = bucket.query_len, bucket.batch_rows
         device = self.cache.keys[0].device
@@ -42,7 +51,7 @@ class SlotModel:
         kv_len = self.buckets.kv_len(int(positions.max()) + 1, self.cache.max_len)
         self.cache.bind(all_slots, positions, kv_len)
         mask = causal_slot_mask(row_starts, query_len, kv_len, self.mask_dtype)
-        output = self.model(
+        output = (self.step if keep_logits else self.model)(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
@@ -52,3 +61,10 @@ class SlotModel:
         )
         shape = PassShape(len(slots), num_bucket_rows, query_len, kv_len, sum(len(c) for c in chunks))
         return (output.logits[: len(slots)] if keep_logits else None), shape
+
+    def warm_up(self, shapes: list[tuple[int, int]]) -> None:
+        """Run one decode-shaped pass per (rows, query length), so its graph is captured before the
+        first round. Only before any row's KV exists: it writes positions 0.. of slots 0..rows-1."""
+        for num_rows, query_len in shapes:
+            self.forward(list(range(num_rows)), [0] * num_rows, [[0] * query_len] * num_rows)
+

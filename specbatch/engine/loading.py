@@ -133,7 +133,8 @@ def load_tokenizer(models: ModelsConfig) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"cannot load a tokenizer from {path}: {error}") from error
 
 
-def load_model(name: str, models: ModelsConfig) -> PreTrainedModel:
+def load_model(name: str, models: ModelsConfig, device: str | None = None) -> PreTrainedModel:
+    """Load `name` in the job's dtype and attention kernel onto `device` (default: models.device)."""
     path, config = resolve_model_path(name), read_config(name, models)
     hf_logging.disable_progress_bar()
     try:
@@ -143,7 +144,7 @@ def load_model(name: str, models: ModelsConfig) -> PreTrainedModel:
         )
     except (OSError, ValueError, KeyError) as error:
         raise ModelLoadError(f"cannot load a causal LM from {path}: {error}") from error
-    return model.to(models.device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
+    return model.to(device or models.device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
 
 
 def check_same_tokenizer(target_dir: str, draft_dir: str, tokenizer: PreTrainedTokenizerBase,

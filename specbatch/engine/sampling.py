@@ -17,13 +17,15 @@ import hashlib
 import torch
 
 
-def request_generator(request_id: str, seed: int | None, job_seed: int) -> torch.Generator:
-    """A generator per request: batch-mates never draw from it. How many numbers a row draws still
-    depends on its k, so text is reproducible only under the same schedule (see coupling.py)."""
+def request_generator(request_id: str, seed: int | None, job_seed: int,
+                      device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator per request, on the device of the probabilities it samples from: batch-mates
+    never draw from it. How many numbers a row draws still depends on its k, so text is reproducible
+    only under the same schedule and device (see coupling.py)."""
     if seed is None:
         digest = hashlib.sha256(f"{job_seed}:{request_id}".encode()).digest()
         seed = int.from_bytes(digest[:8], "little") & (2**63 - 1)
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -72,7 +74,7 @@ def accept_sampled(
     for j, token in enumerate(drafts):
         p_x = float(target_probs[j, token])
         q_x = 1.0 if draft_probs is None else float(draft_probs[j, token])
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        u = float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
         if u * q_x < p_x:  # u < p(x) / q(x), without dividing by a tiny q
             continue
         if draft_probs is None:

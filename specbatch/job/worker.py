@@ -27,6 +27,7 @@ from specbatch.core import Row, SamplingParams, Status
 from specbatch.data.shards import read_shard_requests
 from specbatch.data.validate import Request
 from specbatch.engine.build import Models, build_hf_engine, load_models
+from specbatch.engine.graphs import use_compile_cache
 from specbatch.faults import crash_point
 from specbatch.job.finalize import DONE_STATUSES
 from specbatch.job.manifest import append_part, load_manifest, update_manifest
@@ -102,6 +103,8 @@ def run_worker(
         remove_orphan_parts(job_dir, worker_id)
         done = committed_request_ids(job_dir, DONE_STATUSES)  # cancelled rows, even late ones, run again
         names = my_shards(job_dir, worker_id, num_workers)
+        if config.models.graphs != "eager":
+            use_compile_cache(job_dir / "compile-cache")
         models = models or load_models(config)
         writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
         engine = build_hf_engine(config, models, writer, worker_id)

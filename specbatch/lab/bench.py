@@ -1,5 +1,7 @@
 """`specbatch bench`: the same held-out prompts through HF `generate` (as its users batch it),
-specbatch with each drafter, and HF assisted generation, side by side in one process.
+specbatch with each drafter (in each graph mode asked for), and HF assisted generation, side by side
+in one process. Graph capture is timed apart (warmup_s, compiled from an empty cache) and charged
+back in `tokens_per_s_job`: the rate of a job of `job_prompts` such prompts that pays it once.
 
 Speed claims live here, never in timed unit tests. Every row also reports the work behind its
 speed (target passes and rows per token, padding apart, acceptance) and `exact_match` against the
@@ -10,6 +12,7 @@ with the policy suite (`lab.policy_suite`), so both report the same quantities u
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -23,6 +26,7 @@ from transformers.utils import logging as hf_logging
 from specbatch.config import JobConfig, load_config
 from specbatch.core import Row
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
+from specbatch.engine.graphs import use_compile_cache
 from specbatch.lab.prompts import BenchPrompt, heldout_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
@@ -77,7 +81,10 @@ class BenchResult:
     exact_match: float
     num_prompts: int
     num_tokens: int
-    wall_s: float
+    wall_s: float  # graph capture apart
+    warmup_s: float | None = None  # graph capture (specbatch rows)
+    tokens_per_s_job: float | None = None  # warm-up paid once by a job of job_prompts such prompts
+    ratio_vs_eager: float | None = None  # a graph mode's tokens_per_s_job over the same drafter's eager rate
 
 
 def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
@@ -179,41 +186,61 @@ def bench_result(name: str, outputs: dict, refs: dict, wall_s: float, work: Work
 
 
 def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs: dict, wall_s: float,
-                     k: int) -> BenchResult:
+                     k: int, job_prompts: int | None = None) -> BenchResult:
+    """A row for an engine run; its graph capture (warmup_ms in its rounds) is taken out of wall_s
+    and, with `job_prompts`, charged once to a job of that many prompts like these."""
     work = Work.of_rounds(recorder.rounds)
     # per-token α: of the drafts the rule reached, the share it accepted (a rejection ends a block)
     rejections = sum(1 for s in recorder.steps if s.num_accepted < s.num_proposed)
     alpha = work.num_accepted / (work.num_accepted + rejections) if work.num_proposed else None
     theory = theory_tokens_per_pass(alpha, k) if alpha is not None else None
-    return bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s, work, theory)
+    warmup_s = sum(r.warmup_ms for r in recorder.rounds) / 1000
+    result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - warmup_s, work,
+                          theory)
+    result.warmup_s = warmup_s
+    if job_prompts:
+        scale = job_prompts / len(rows)
+        result.tokens_per_s_job = result.num_tokens * scale / (result.wall_s * scale + warmup_s)
+    return result
 
 
 def run_bench(num_prompts: int, max_new_tokens: int, batch_size: int, config_path: Path | None = None,
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
-              console: Console | None = None) -> list[BenchResult]:
+              console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
+              job_prompts: int = 2000) -> list[BenchResult]:
     console = console or Console()
+    if set(graphs) - {"eager"}:
+        use_compile_cache(Path(tempfile.mkdtemp(prefix="specbatch-bench-graphs-")))  # warmup_s: a cold compile
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={batch_size}"])
     models = load_models(base)
     prompts = heldout_prompts(models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
     console.print(f"[bold]bench[/] {len(prompts)} prompts, max_new_tokens 16..{max_new_tokens}, batch {batch_size}")
     hf_logging.set_verbosity_error()
     refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
-    if models.draft is not None:
-        run_engine(base, models, prompts[:batch_size])  # warm the draft and engine paths up
+    if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
+        run_engine(base.model_copy(update={"models": base.models.model_copy(update={"graphs": "eager"})}),
+                   models, prompts[:batch_size])
 
     started = time.perf_counter()
     outputs, work = run_hf_generate(models, prompts, batch_size)
     results = [bench_result("hf-generate", outputs, refs, time.perf_counter() - started, work)]
     spec = base.scheduler.lookahead
     k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
-    for drafter in ("none", "draft", "ngram"):
-        config = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={batch_size}",
-                                           f"drafter.kind={drafter}"])
-        if drafter == "draft" and models.draft is None:
-            continue
-        rows, recorder, wall_s = run_engine(config, models, prompts)
-        results.append(summarize_engine(f"specbatch-{drafter}", rows, recorder, refs, wall_s,
-                                        0 if drafter == "none" else k))
+    eager_rates: dict[str, float] = {}
+    for mode in graphs:
+        for drafter in ("none", "draft", "ngram"):
+            config = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={batch_size}",
+                                               f"drafter.kind={drafter}", f"models.graphs={mode}"])
+            if drafter == "draft" and models.draft is None:
+                continue
+            rows, recorder, wall_s = run_engine(config, models, prompts)
+            name = f"specbatch-{drafter}" + ("" if mode == "eager" else f"-{mode}")
+            result = summarize_engine(name, rows, recorder, refs, wall_s, 0 if drafter == "none" else k, job_prompts)
+            if mode == "eager":
+                eager_rates[drafter] = result.tokens_per_s
+            elif drafter in eager_rates and result.tokens_per_s_job is not None:
+                result.ratio_vs_eager = result.tokens_per_s_job / eager_rates[drafter]
+            results.append(result)
     if models.draft is not None:
         subset = prompts[: assisted_prompts or len(prompts)]
         started = time.perf_counter()
@@ -229,7 +256,8 @@ COLUMNS = {"name": ("name", ""), "tokens_per_s": ("tok/s", ".3f"), "ratio_vs_hf_
            "target_passes_per_token": ("passes/tok", ".3f"), "target_rows_per_token": ("rows/tok", ".3f"),
            "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"),
            "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
-           "exact_match": ("exact", ".3f"), "num_prompts": ("n", "")}
+           "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
+           "ratio_vs_eager": ("× eager", ".3f"), "exact_match": ("exact", ".3f"), "num_prompts": ("n", "")}
 
 
 def print_rows(console: Console, title: str, rows: list[dict], columns: dict[str, tuple[str, str]]) -> None:

@@ -93,10 +93,30 @@ def resolve_cost_model(spec: str | None, config: JobConfig | None = None) -> Cos
     return CostModel.load(path)
 
 
+# Graph modes pad every decode-shaped pass to at least this many rows and query positions: compiled
+# graphs specialize a size of 1 (engine/graphs.py).
+MIN_GRAPH_SIZE = 2
+
+
+def job_buckets(config: JobConfig) -> ShapeBuckets:
+    """The shape buckets the scheduler plans with and the engine pads to: the configured ones, or in a
+    graph mode a small set chosen from the batch sizes and lookaheads the job will use. `compile`
+    pads only sizes of 1 (its graphs take any other size); `cuda-graphs` replays fixed shapes, so it
+    gets powers of two up to max_batch_rows and 1 + k for k = 1, 2, 4, ..., max lookahead."""
+    b, graphs = config.buckets, config.models.graphs
+    if b.batch_rows or b.query_len or graphs == "eager":
+        return ShapeBuckets(b.batch_rows, b.query_len, b.kv_len_multiple)
+    if graphs == "compile":
+        return ShapeBuckets((MIN_GRAPH_SIZE,), (MIN_GRAPH_SIZE,), b.kv_len_multiple)
+    max_rows, k_max = config.scheduler.max_batch_rows, max_lookahead(config)
+    batch_rows = {min(2**i, max_rows) for i in range(1, max(max_rows, 2).bit_length() + 1)}
+    query_len = {max(1 + min(2**i, k_max), MIN_GRAPH_SIZE) for i in range(max(k_max, 1).bit_length() + 1)}
+    return ShapeBuckets(tuple(sorted(batch_rows | {MIN_GRAPH_SIZE})), tuple(sorted(query_len)), b.kv_len_multiple)
+
+
 def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedContext:
-    s, b = config.scheduler, config.buckets
-    round_cost = RoundCostModel(cost or resolve_cost_model(None, config),
-                                ShapeBuckets(b.batch_rows, b.query_len, b.kv_len_multiple),
+    s = config.scheduler
+    round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
                                 uses_draft_model=config.drafter.kind == "draft")
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms)

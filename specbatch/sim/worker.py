@@ -19,9 +19,8 @@ from specbatch.config import JobConfig
 from specbatch.core import Row
 from specbatch.ledger import PartWriter
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
-from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
-from specbatch.sched.factory import max_lookahead
+from specbatch.sched.factory import job_buckets, max_lookahead
 from specbatch.sim.acceptance import AcceptanceModel
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
 
@@ -78,7 +77,7 @@ def build_sim_engine(
     policies believe, by default the config's, exactly as the real engine's scheduler is built."""
     context = sim_max_context(config)
     slot_len = context + max_lookahead(config) + 1
-    buckets = ShapeBuckets(config.buckets.batch_rows, config.buckets.query_len, config.buckets.kv_len_multiple)
+    buckets = job_buckets(config)
     clock = VirtualClock()
     backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed)
     limits = EngineLimits(context, sim_kv_capacity_tokens(config, slot_len), frozenset({SIM_EOS_TOKEN_ID}),

@@ -1,5 +1,6 @@
 -- Where round time goes, per job: each phase's Σ ms / Σ round_ms. plan_share is the scheduler
--- overhead; other_share is round time outside the named phases (ledger writes, Python glue).
+-- overhead; warmup_share is graph capture (models.graphs; null in parts written before it existed);
+-- other_share is round time outside the named phases (ledger writes, Python glue).
 SELECT job_id,
        count(*) AS num_rounds,
        sum(round_ms) AS round_ms,
@@ -9,7 +10,9 @@ SELECT job_id,
        sum(draft_ms) / nullif(sum(round_ms), 0) AS draft_share,
        sum(verify_ms) / nullif(sum(round_ms), 0) AS verify_share,
        sum(commit_ms) / nullif(sum(round_ms), 0) AS commit_share,
-       1 - sum(plan_ms + prefill_ms + draft_ms + verify_ms + commit_ms) / nullif(sum(round_ms), 0) AS other_share,
+       coalesce(sum(warmup_ms), 0) / nullif(sum(round_ms), 0) AS warmup_share,
+       1 - sum(plan_ms + prefill_ms + draft_ms + verify_ms + commit_ms + coalesce(warmup_ms, 0))
+           / nullif(sum(round_ms), 0) AS other_share,
        avg(plan_ms) AS mean_plan_ms,
        quantile_cont(plan_ms, 0.99) AS p99_plan_ms
 FROM rounds
