@@ -28,6 +28,9 @@ class HFBackend:
         self.slot_of: dict[str, int] = {}  # request id -> slot
         self.slot_owner: dict[int, Row] = {}
         self._sync = torch.cuda.synchronize if self.cache.keys[0].is_cuda else (lambda: None)
+        for model in (target, getattr(drafter, "draft", None)):
+            if model is not None:
+                model.is_free = lambda slot: slot not in self.slot_owner
 
     @property
     def num_slots(self) -> int:
@@ -112,12 +115,21 @@ class HFBackend:
 
     def _arrange_slots(self, decode_rows: list[Row]) -> None:
         """Keep decode rows in slots 0..D-1 so the verify pass reads a view of the cache instead of
-        gathering it. Only rows outside that range move (one row's valid KV each), into the holes."""
+        gathering it. Only rows outside that range move (one row's valid KV each), into the holes.
+        Rows in the slots the pass pads into (D..bucket-1) move up to free slots where there are any,
+        so padded rows keep the view too."""
         held = {self.slot_of[row.request_id] for row in decode_rows}
         holes = [slot for slot in range(len(decode_rows)) if slot not in held]
         movers = [row for row in decode_rows if self.slot_of[row.request_id] >= len(decode_rows)]
         for row, hole in zip(movers, holes, strict=True):
             self._move(row, hole)
+        if not decode_rows or not self.target.pad_decode:
+            return
+        padded_end = self.target.buckets.fit(len(decode_rows), 1).batch_rows
+        free_above = [slot for slot in range(padded_end, self.num_slots) if slot not in self.slot_owner]
+        in_the_way = [self.slot_owner[slot] for slot in range(len(decode_rows), padded_end) if slot in self.slot_owner]
+        for row, free in zip(in_the_way, free_above, strict=False):
+            self._move(row, free)
 
     def _move(self, row: Row, slot: int) -> None:
         """Move `row` into `slot`, swapping with its occupant if there is one."""

@@ -25,6 +25,7 @@ from specbatch.engine.loading import (
 )
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
+from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.factory import job_buckets, max_lookahead
 
 
@@ -92,7 +93,7 @@ def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int, graphs: G
     shape = kv_shape(model)
     device = next(model.parameters()).device
     cache = SlotCache(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, slot_len,
-                      model.dtype, device, shape.value_head_dim, views=graphs == "eager")
+                      model.dtype, device, shape.value_head_dim)
     if graphs == "cuda-graphs":  # graphs replay into these buffers: their addresses must not change
         for tensor in cache.keys + cache.values:
             torch._dynamo.mark_static_address(tensor)
@@ -116,7 +117,8 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
     if config.drafter.kind == "draft":
         assert models.draft is not None
         draft_cache = _slot_cache(models.draft, num_slots, slot_len, graphs)
-        draft = SlotModel(models.draft, draft_cache, buckets, mask_dtype, pad_decode=graphs != "eager",
+        draft_buckets = ShapeBuckets(buckets.batch_rows, (), buckets.kv_len_multiple)  # steps run exact lengths
+        draft = SlotModel(models.draft, draft_cache, draft_buckets, mask_dtype, pad_decode=graphs != "eager",
                           pad_prefill=False, step=models.step("draft", graphs))
         drafter = DraftModelDrafter(draft, vocab_size, target_device)
     elif config.drafter.kind == "ngram":
@@ -127,7 +129,7 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
     def warm_up() -> None:
         target.warm_up(warm_shapes(buckets, max_rows, k_max + 1))
         if draft is not None:
-            draft.warm_up(warm_shapes(buckets, max_rows, 2))  # a draft step feeds 1 token, or 2 catching up
+            draft.warm_up(warm_shapes(draft_buckets, max_rows, 2))  # a step feeds 1 token, 2 catching up
 
     coupling = make_coupling(config.sampling.coupling, config.seed, target_device)
     backend = HFBackend(target, drafter, vocab_size, coupling, draft_cache, None if graphs == "eager" else warm_up)

@@ -30,7 +30,8 @@ class SlotModel:
         # the drafter's none (eager) or its draft steps (graphs)
         self.pad_decode, self.pad_prefill = pad_decode, pad_prefill
         self.step = model if step is None else step
-        self.scratch_slot = cache.num_slots - 1  # padded batch rows write here
+        self.scratch_slot = cache.num_slots - 1  # padded batch rows write here, unless...
+        self.is_free: Callable[[int], bool] = lambda slot: False  # ...the slots after the real rows are free
 
     @torch.no_grad()
     def forward(self, slots: list[int], starts: list[int], chunks: list[list[int]],
@@ -42,7 +43,7 @@ class SlotModel:
             query_len, num_bucket_rows = bucket.query_len, bucket.batch_rows
         device = self.cache.keys[0].device
         num_pad_rows = num_bucket_rows - len(slots)
-        all_slots = slots + [self.scratch_slot] * num_pad_rows
+        all_slots = slots + self._padding_slots(slots, num_pad_rows)
         row_starts = torch.tensor(starts + [0] * num_pad_rows, dtype=torch.long, device=device)  # [rows]
         input_ids = torch.zeros((num_bucket_rows, query_len), dtype=torch.long, device=device)
         for row, chunk in enumerate(chunks):
@@ -61,6 +62,15 @@ class SlotModel:
         )
         shape = PassShape(len(slots), num_bucket_rows, query_len, kv_len, sum(len(c) for c in chunks))
         return (output.logits[: len(slots)] if keep_logits else None), shape
+
+    def _padding_slots(self, slots: list[int], num_pad_rows: int) -> list[int]:
+        """Slots for padded batch rows: the free slots right after contiguous real rows, so the cache
+        still reads the batch as a view of one slot range; otherwise the scratch slot, repeated.
+        Padded rows write garbage only there: a free slot is prefilled from 0 before it is read."""
+        tail = list(range(slots[-1] + 1, slots[-1] + 1 + num_pad_rows))
+        if tail and tail[-1] < self.scratch_slot and all(map(self.is_free, tail)):
+            return tail
+        return [self.scratch_slot] * num_pad_rows
 
     def warm_up(self, shapes: list[tuple[int, int]]) -> None:
         """Run one decode-shaped pass per (rows, query length), so its graph is captured before the

@@ -1,16 +1,17 @@
 """Captured graphs for decode-shaped passes: the target's verify pass and the draft steps.
 
 At the sizes speculative decoding drafts with, a pass costs its per-operator overhead, not its
-arithmetic (the bundled target: 12 MFLOP in 5.5 ms eager at batch 1). `compile` runs those passes
+arithmetic (the bundled target: 12 MFLOP in 5.2 ms eager at batch 1). `compile` runs those passes
 through `torch.compile` (Inductor's fused kernels on a CPU); `cuda-graphs` adds CUDA graph replay
 (`reduce-overhead`). Graphs are compiled with dynamic shapes, so the batch, query and KV lengths of
-a pass are symbols, not a graph each; what still splits graphs is a size of 1 (Inductor
-specializes it), so graph modes pad passes to at least 2 rows of 2 positions, and the cache always
-gathers its slots (one code path). CUDA graphs replay fixed shapes: there the bucket set
-(`sched.factory.job_buckets`) bounds how many are recorded. Prefill passes stay eager: they are
-compute-bound, and their many query lengths gain nothing from a graph. Greedy outputs are checked
-against the target's own eager decoding (tests/test_graphs.py); fused kernels round differently,
-as another batch shape does.
+a pass are symbols, not a graph each. What still splits graphs is a size of 1, which Inductor
+specializes: graph modes pad batches to 2 rows (`sched.factory.job_buckets`), padded rows taking
+the free slots after the real ones so that the cache still reads the batch as one view (a batch
+whose next slots are all taken gathers, and compiles that path when first met). CUDA graphs replay
+fixed shapes: there the bucket set bounds how many are recorded. Prefill passes stay eager: they
+are compute-bound, and their many query lengths gain nothing from a graph. Greedy outputs are
+checked against the target's own eager decoding (tests/test_graphs.py); fused kernels round
+differently, as another batch shape does.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ class SlotCache(Cache):
         dtype: torch.dtype,
         device: torch.device | str,
         value_head_dim: int | None = None,
-        views: bool = True,
     ) -> None:
         super().__init__(layers=[])
         shape = (num_slots, num_kv_heads, max_len, head_dim)
@@ -35,7 +34,6 @@ class SlotCache(Cache):
         self.values = [torch.zeros(value_shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
         self.max_len = max_len
-        self.views = views  # read contiguous slots as a view; False: always gather (one graph path)
         self._slots: torch.Tensor | None = None  # [batch]
         self._slot_range: tuple[int, int] | None = None  # set when the bound slots are contiguous
         self._write_positions: torch.Tensor | None = None  # [batch, query_len]
@@ -53,7 +51,7 @@ class SlotCache(Cache):
             raise ValueError(f"KV length {kv_len} exceeds the cache's {self.max_len} positions")
         device = self.keys[0].device
         self._slots = torch.tensor(slots, dtype=torch.long, device=device)
-        contiguous = self.views and slots == list(range(slots[0], slots[0] + len(slots)))
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
         self._slot_range = (slots[0], slots[0] + len(slots)) if contiguous else None
         self._write_positions = write_positions.to(device)
         self._kv_len = kv_len

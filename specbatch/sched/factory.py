@@ -99,16 +99,18 @@ MIN_GRAPH_SIZE = 2
 
 
 def job_buckets(config: JobConfig) -> ShapeBuckets:
-    """The shape buckets the scheduler plans with and the engine pads to: the configured ones, or in a
+    """The shape buckets the scheduler plans with and the target pads to: the configured ones, or in a
     graph mode a small set chosen from the batch sizes and lookaheads the job will use. `compile`
-    pads only sizes of 1 (its graphs take any other size); `cuda-graphs` replays fixed shapes, so it
-    gets powers of two up to max_batch_rows and 1 + k for k = 1, 2, 4, ..., max lookahead."""
-    b, graphs = config.buckets, config.models.graphs
+    pads only sizes of 1 (its graphs take any other size): batches of one row, and single-position
+    verify passes where the job speculates (so that they share the graph of k > 0). `cuda-graphs`
+    replays fixed shapes: powers of two up to max_batch_rows and 1 + k for k = 1, 2, 4, ..., max
+    lookahead. The drafter pads its batch the same way and runs its steps' exact lengths."""
+    b, graphs, k_max = config.buckets, config.models.graphs, max_lookahead(config)
     if b.batch_rows or b.query_len or graphs == "eager":
         return ShapeBuckets(b.batch_rows, b.query_len, b.kv_len_multiple)
     if graphs == "compile":
-        return ShapeBuckets((MIN_GRAPH_SIZE,), (MIN_GRAPH_SIZE,), b.kv_len_multiple)
-    max_rows, k_max = config.scheduler.max_batch_rows, max_lookahead(config)
+        return ShapeBuckets((MIN_GRAPH_SIZE,), (MIN_GRAPH_SIZE,) if k_max else (), b.kv_len_multiple)
+    max_rows = config.scheduler.max_batch_rows
     batch_rows = {min(2**i, max_rows) for i in range(1, max(max_rows, 2).bit_length() + 1)}
     query_len = {max(1 + min(2**i, k_max), MIN_GRAPH_SIZE) for i in range(max(k_max, 1).bit_length() + 1)}
     return ShapeBuckets(tuple(sorted(batch_rows | {MIN_GRAPH_SIZE})), tuple(sorted(query_len)), b.kv_len_multiple)
