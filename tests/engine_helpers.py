@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -28,11 +29,16 @@ class MixedLookahead:
         return [min(self.assigned[r.request_id], cap) for r, cap in zip(rows, caps, strict=True)]
 
 
+# Settings every tiny engine test runs under, e.g. "models.device=cuda;models.graphs=cuda-graphs"
+# (benchmarks/gpu_check.sh runs the exactness tests so on a GPU); a test's own overrides come after.
+TEST_SETTINGS = [item for item in os.environ.get("SPECBATCH_TEST_SET", "").split(";") if item]
+
+
 def tiny_config(pair, *overrides: str):
     target, draft, _ = pair
     extra = [f"models.tokenizer={target.parent / 'tokenizer'}"] if (target.parent / "tokenizer").exists() else []
     return load_config(None, [f"models.target={target}", f"models.draft={draft}", "models.dtype=float64",
-                              *extra, *overrides])
+                              *extra, *TEST_SETTINGS, *overrides])
 
 
 def random_prompts(tokenizer, n: int, seed: int = 0, max_len: int = 40) -> list[tuple[list[int], int]]:
@@ -61,6 +67,6 @@ def assert_exact(rows: dict[str, Row], refs: list[list[int]]) -> None:
 
 def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos: int, pad: int) -> list[int]:
     """The target's own greedy decoding of one prompt alone (batch size 1), via HF generate."""
-    output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+    output = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=max_new_tokens, do_sample=False,
                             eos_token_id=eos, pad_token_id=pad)
     return output[0, len(prompt):].tolist()

@@ -75,7 +75,7 @@ def test_batched_divergence_is_a_rounding_tie(low_precision, dtype, drafter):
             assert output == ref, f"request r{i} stopped at a different length with the same tokens"
             continue
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + ref[:first]])).logits[0, -1].float()
+            logits = model(torch.tensor([prompt + ref[:first]], device=model.device)).logits[0, -1].float()
         gap = abs(float(logits[ref[first]] - logits[output[first]]))
         assert gap <= TIE_ULPS * ulp(float(logits.max()), model.dtype), f"r{i} position {first}: gap {gap}"
     assert num_identical >= NUM_PROMPTS // 2

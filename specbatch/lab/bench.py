@@ -110,7 +110,7 @@ def greedy_references(models: Models, prompts: list[BenchPrompt]) -> dict[str, l
     refs = {}
     for prompt in prompts:
         out = models.target.generate(  # type: ignore[operator]  # transformers types generate loosely
-            torch.tensor([prompt.prompt_ids]), max_new_tokens=prompt.max_new_tokens,
+            torch.tensor([prompt.prompt_ids], device=models.target.device), max_new_tokens=prompt.max_new_tokens,
             do_sample=False, eos_token_id=eos, pad_token_id=pad)
         refs[prompt.request_id] = out[0, len(prompt.prompt_ids):].tolist()
     return refs
@@ -132,11 +132,12 @@ def run_hf_generate(models: Models, prompts: list[BenchPrompt], batch_size: int)
     eos = eos_token_ids(models)
     pad = models.tokenizer.pad_token_id if models.tokenizer.pad_token_id is not None else sorted(eos)[0]
     outputs, passes, computed, target_rows = {}, 0, 0, 0
+    device = models.target.device
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start : start + batch_size]
         width = max(len(p.prompt_ids) for p in batch)
-        ids = torch.tensor([[pad] * (width - len(p.prompt_ids)) + list(p.prompt_ids) for p in batch])
-        mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in batch])
+        ids = torch.tensor([[pad] * (width - len(p.prompt_ids)) + list(p.prompt_ids) for p in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in batch], device=device)
         out = models.target.generate(  # type: ignore[operator]  # transformers types generate loosely
             ids, attention_mask=mask, max_new_tokens=max(p.max_new_tokens for p in batch),
             do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad)
@@ -156,7 +157,7 @@ def run_hf_assisted(models: Models, prompts: list[BenchPrompt]) -> dict:
     outputs = {}
     for prompt in prompts:
         out = models.target.generate(  # type: ignore[operator]  # transformers types generate loosely
-            torch.tensor([prompt.prompt_ids]), assistant_model=models.draft,
+            torch.tensor([prompt.prompt_ids], device=models.target.device), assistant_model=models.draft,
             max_new_tokens=prompt.max_new_tokens, do_sample=False,
                                      eos_token_id=sorted(eos), pad_token_id=models.tokenizer.pad_token_id)
         outputs[prompt.request_id] = cut(out[0, len(prompt.prompt_ids):].tolist(), prompt.max_new_tokens, eos)
