@@ -79,20 +79,26 @@ class DraftModelDrafter:
         step = 0
         while active:
             # step 0 catches the draft cache up (pending token, and any lag); later steps feed the last draft
-            chunks = [rows[i].token_ids[fed_to[i] :] if step == 0 else proposals.tokens[i][-1:] for i in active]
-            logits, shape = self.draft.forward([slots[i] for i in active], [fed_to[i] for i in active], chunks)
+            chunks = {i: rows[i].token_ids[fed_to[i] :] if step == 0 else proposals.tokens[i][-1:] for i in active}
+            # graph modes keep every row in every step, so that the batch stays one slot range (one
+            # graph): a row not drafting rides along with one token written past its valid KV, ignored
+            batch = range(len(rows)) if self.draft.pad_decode else active
+            fed = [chunks.get(i) or (proposals.tokens[i] or rows[i].token_ids)[-1:] for i in batch]
+            logits, shape = self.draft.forward([slots[i] for i in batch], [fed_to[i] for i in batch], fed)
             assert logits is not None
-            last = logits[torch.arange(len(active)), torch.tensor([len(c) - 1 for c in chunks])]  # [rows, vocab]
-            last = self._to_target_vocab(last).to(self.target_device)
+            at = {i: index for index, i in enumerate(batch)}
+            last = logits[torch.tensor([at[i] for i in active]), torch.tensor([len(chunks[i]) - 1 for i in active])]
+            last = self._to_target_vocab(last).to(self.target_device)  # [active rows, vocab]
             for row_index, i in enumerate(active):
-                fed_to[i] += len(chunks[row_index])
-                proposals.num_fed[i] += len(chunks[row_index])
+                fed_to[i] += len(chunks[i])
+                proposals.num_fed[i] += len(chunks[i])
                 token, q = self._pick(rows[i], len(proposals.tokens[i]), last[row_index], coupling)
                 proposals.tokens[i].append(token)
                 if q is not None:
                     q_rows[i].append(q)
-            proposals.num_draft_rows += shape.num_real_positions
-            proposals.num_padded_draft_rows += shape.num_padded_positions
+            num_real = sum(len(chunk) for chunk in chunks.values())
+            proposals.num_draft_rows += num_real
+            proposals.num_padded_draft_rows += shape.num_padded_positions + shape.num_real_positions - num_real
             proposals.num_passes += 1
             active = [i for i in active if len(proposals.tokens[i]) < ks[i]]
             step += 1

@@ -74,7 +74,12 @@ class SlotModel:
 
     def warm_up(self, shapes: list[tuple[int, int]]) -> None:
         """Run one decode-shaped pass per (rows, query length), so its graph is captured before the
-        first round. Only before any row's KV exists: it writes positions 0.. of slots 0..rows-1."""
-        for num_rows, query_len in shapes:
-            self.forward(list(range(num_rows)), [0] * num_rows, [[0] * query_len] * num_rows)
+        first round. Only before any row's KV exists: it writes positions 0.. of slots 0..rows-1 and
+        pads into the slots after them, as a round does (every slot holds nothing yet)."""
+        is_free, self.is_free = self.is_free, lambda slot: True
+        try:
+            for num_rows, query_len in shapes:
+                self.forward(list(range(num_rows)), [0] * num_rows, [[0] * query_len] * num_rows)
+        finally:
+            self.is_free = is_free
 
