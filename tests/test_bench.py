@@ -1,0 +1,43 @@
+"""`specbatch bench` runs every configuration on the same prompts, exactly, and charges graph
+capture to the job it would serve (the figures themselves are benchmarks, never asserted here)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import fields
+
+import pytest
+from rich.console import Console
+
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.loading import BUNDLED_DIR
+from specbatch.lab.bench import run_bench, summarize_engine
+from specbatch.loop import MemoryRecorder
+from specbatch.records import RoundRecord
+
+
+@pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
+def test_bench_runs_every_configuration_on_the_same_prompts_exactly():
+    results = run_bench(4, 16, 2, assisted_prompts=2, console=Console(file=io.StringIO()))
+    assert [r.name for r in results] == ["hf-generate", "specbatch-none", "specbatch-draft", "specbatch-ngram",
+                                         "hf-assisted"]
+    assert all(r.exact_match == 1.0 for r in results)
+    assert len({r.num_tokens for r in results[:4]}) == 1  # the same prompts and outputs
+    assert results[0].ratio_vs_hf_generate == 1.0
+
+
+def _round(**values) -> RoundRecord:
+    return RoundRecord(**{f.name: 0 for f in fields(RoundRecord)} | values)
+
+
+def test_graph_capture_is_timed_apart_and_charged_once_per_job():
+    recorder = MemoryRecorder()
+    recorder.add_round(_round(warmup_ms=30_000.0, round_ms=30_500.0))
+    recorder.add_round(_round(round_ms=500.0))
+    rows = [Row(f"r{index}", [1, 2], SamplingParams(max_new_tokens=10), output_ids=list(range(10)))
+            for index in range(10)]
+    refs = {row.request_id: row.output_ids for row in rows}
+    result = summarize_engine("specbatch-none-compile", rows, recorder, refs, wall_s=31.0, k=0, job_prompts=1000)
+    assert result.warmup_s == pytest.approx(30.0)
+    assert result.tokens_per_s == pytest.approx(100 / 1.0)  # 100 tokens in the 1 s after capture
+    assert result.tokens_per_s_job == pytest.approx(100 * 100 / (1.0 * 100 + 30.0))  # 100× the prompts, one capture
