@@ -55,10 +55,24 @@ def chi_square_p_value(statistic: float, dof: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-@pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
-@pytest.mark.parametrize("drafter,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9), ("ngram", 1.0, 1.0)])
-def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, drafter, temperature, top_p, coupling):
-    """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
+def exact_law(model, prompt: list[int], num_tokens: int, temperature: float, top_p: float) -> torch.Tensor:
+    """P(t1..tn) over all V^n continuations of `prompt`, flattened with t1 most significant."""
+    vocab = model.config.vocab_size
+    law = torch.ones(1, dtype=torch.float64)
+    histories: list[list[int]] = [[]]
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            nexts = torch.stack([warp(model(torch.tensor([prompt + h], device=model.device)).logits[0, -1:],
+                                      temperature, top_p)[0] for h in histories])  # [histories, vocab]
+            law = (law[:, None] * nexts.cpu()).flatten()
+            histories = [h + [t] for h in histories for t in range(vocab)]
+    return law
+
+
+def sample_outputs(small_vocab_pair, drafter: str, coupling: str, num_tokens: int, temperature: float,
+                   top_p: float, trials: int, max_new_tokens: int | None = None):
+    """`trials` seeded requests through the engine (max_new_tokens defaults to num_tokens), and the
+    exact law of their first `num_tokens` tokens."""
     from engine_helpers import tiny_config
 
     from specbatch.core import Row, SamplingParams
@@ -66,34 +80,56 @@ def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, draft
     from specbatch.loop import MemoryRecorder
 
     config = tiny_config(small_vocab_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3",
-                         f"sampling.coupling={coupling}",
-                         "scheduler.max_batch_rows=64")
+                         f"sampling.coupling={coupling}", "scheduler.max_batch_rows=64")
     models = load_models(config)
-    prompt = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to propose
-    vocab = models.target.config.vocab_size
-    with torch.no_grad():
-        first = warp(models.target(torch.tensor([prompt])).logits[0, -1:], temperature, top_p)[0]
-        second = torch.stack([
-            warp(models.target(torch.tensor([prompt + [t]])).logits[0, -1:], temperature, top_p)[0]
-            for t in range(vocab)
-        ])
-    exact = (first[:, None] * second).flatten()  # P(t1, t2)
-    engine = build_hf_engine(config, models, MemoryRecorder())
+    recorder = MemoryRecorder()
+    engine = build_hf_engine(config, models, recorder)
     engine.stops.eos_token_ids = set()
-    trials = 3000
-    rows = [Row(f"s{i}", prompt, SamplingParams(max_new_tokens=2, temperature=temperature, top_p=top_p, seed=i))
-            for i in range(trials)]
+    params = {"max_new_tokens": max_new_tokens or num_tokens, "temperature": temperature, "top_p": top_p}
+    rows = [Row(f"s{i}", PROMPT, SamplingParams(**params, seed=i)) for i in range(trials)]
     for row in rows:
         engine.add(row)
     engine.run()
-    counts = torch.zeros(vocab * vocab, dtype=torch.float64)
+    law = exact_law(models.target, PROMPT, num_tokens, temperature, top_p)
+    return rows, recorder, law, models.target.config.vocab_size
+
+
+def assert_follows(rows, law: torch.Tensor, vocab: int, num_tokens: int) -> None:
+    """Chi-square of the rows' first `num_tokens` tokens against the enumerated law (cells expecting
+    fewer than 5 merged)."""
+    counts = torch.zeros(len(law), dtype=torch.float64)
     for row in rows:
-        counts[row.output_ids[0] * vocab + row.output_ids[1]] += 1
-    expected = exact * trials
+        counts[sum(t * vocab**i for i, t in enumerate(reversed(row.output_ids[:num_tokens])))] += 1
+    expected = law * len(rows)
     big = expected >= 5
     assert counts[~big].sum() <= max(10.0, 3 * expected[~big].sum() + 10)  # rare cells stay rare
     merged_obs = torch.cat([counts[big], counts[~big].sum()[None]])
     merged_exp = torch.cat([expected[big], expected[~big].sum()[None]])
     statistic = float(((merged_obs - merged_exp) ** 2 / merged_exp.clamp(min=1e-9)).sum())
     assert chi_square_p_value(statistic, int(big.sum())) > 0.001
+
+
+PROMPT = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to propose
+
+
+@pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
+@pytest.mark.parametrize("drafter,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9), ("ngram", 1.0, 1.0)])
+def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, drafter, temperature, top_p, coupling):
+    """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
+    rows, _, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 2, temperature, top_p, 3000)
+    assert_follows(rows, law, vocab, 2)
     assert sum(r.num_proposed for r in rows) > 0
+
+
+@pytest.mark.slow  # 4 × ~13 s
+@pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
+@pytest.mark.parametrize("drafter", ["draft", "ngram"])
+def test_a_token_after_an_accepted_draft_follows_the_target_law(small_vocab_pair, drafter, coupling):
+    """Requests of 4 tokens, so the round after the first token runs k = 2 and the rule also decides
+    at draft position 1, after an accepted draft: the law of the first three tokens (V³ outcomes),
+    the third of which that decision emits, is the target's."""
+    rows, recorder, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 3, 1.0, 1.0, 4000,
+                                                max_new_tokens=4)
+    assert_follows(rows, law, vocab, 3)
+    reached_second = sum(1 for step in recorder.steps if step.num_proposed >= 2 and step.num_accepted >= 1)
+    assert reached_second >= 200  # the rule judged draft position 1 this often
