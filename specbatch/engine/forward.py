@@ -82,4 +82,3 @@ class SlotModel:
                 self.forward(list(range(num_rows)), [0] * num_rows, [[0] * query_len] * num_rows)
         finally:
             self.is_free = is_free
-

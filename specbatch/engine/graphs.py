@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from specbatch.sched.buckets import ShapeBuckets
+from specbatch.sched.buckets import ShapeBucket, ShapeBuckets
 
 GraphMode = Literal["eager", "compile", "cuda-graphs"]
 
@@ -52,7 +52,7 @@ def warm_shapes(buckets: ShapeBuckets, max_rows: int, max_query_len: int) -> lis
     decode-shaped pass the job can run and every bucket between, one pass per padded shape."""
     rows = {1, max_rows, *(r for r in buckets.batch_rows if r <= max_rows)}
     query_lens = {1, max_query_len, *(q for q in buckets.query_len if q <= max_query_len)}
-    fitted: dict[object, tuple[int, int]] = {}
+    fitted: dict[ShapeBucket, tuple[int, int]] = {}
     for shape in sorted((r, q) for r in rows for q in query_lens):
         fitted.setdefault(buckets.fit(*shape), shape)
     return sorted(fitted.values())
