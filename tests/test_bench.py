@@ -16,14 +16,19 @@ from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
 
 
+@pytest.mark.slow  # ~15 s: every configuration twice over
 @pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
-def test_bench_runs_every_configuration_on_the_same_prompts_exactly():
-    results = run_bench(4, 16, 2, assisted_prompts=2, console=Console(file=io.StringIO()))
-    assert [r.name for r in results] == ["hf-generate", "specbatch-none", "specbatch-draft", "specbatch-ngram",
-                                         "hf-assisted"]
+def test_bench_runs_every_configuration_at_every_batch_size_exactly():
+    results = run_bench(4, 16, (2, 1), assisted_prompts=2, console=Console(file=io.StringIO()))
+    configurations = ["hf-generate", "specbatch-none", "specbatch-draft", "specbatch-ngram"]
+    assert [(r.batch_rows, r.name) for r in results] == [
+        *((1, name) for name in configurations), *((2, name) for name in configurations), (1, "hf-assisted")]
     assert all(r.exact_match == 1.0 for r in results)
-    assert len({r.num_tokens for r in results[:4]}) == 1  # the same prompts and outputs
-    assert results[0].ratio_vs_hf_generate == 1.0
+    assert len({r.num_tokens for r in results}) == 2  # the same outputs (hf-assisted: 2 of the 4 prompts)
+    for batch in (1, 2):
+        rows = {r.name: r for r in results if r.batch_rows == batch}
+        assert rows["hf-generate"].ratio_vs_hf_generate == 1.0 and rows["specbatch-none"].ratio_vs_none == 1.0
+        assert rows["specbatch-draft"].alpha is not None and rows["specbatch-none"].alpha is None
 
 
 def _round(**values) -> RoundRecord:

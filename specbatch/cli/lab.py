@@ -17,7 +17,8 @@ commands = typer.Typer()
 def bench(
     prompts: Annotated[int, typer.Option(help="held-out prompts (half code, half prose)")] = 64,
     max_new_tokens: Annotated[int, typer.Option(help="largest max_new_tokens (drawn per request from 16..N)")] = 128,
-    batch_size: Annotated[int, typer.Option(help="batch size for hf-generate and specbatch")] = 32,
+    batch_size: Annotated[str, typer.Option(help="batch rows for hf-generate and specbatch; several make a "
+                                                  "grid, e.g. 1,8,32,128")] = "32",
     json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
     config: Annotated[Path | None, typer.Option(help="job config YAML")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
@@ -42,7 +43,13 @@ def bench(
     from specbatch.lab.bench import run_bench, write_json
 
     try:
-        results = run_bench(prompts, max_new_tokens, batch_size, config, set_, assisted_prompts, console,
+        batch_sizes = tuple(int(size) for size in batch_size.split(","))
+    except ValueError:
+        fail(f"--batch-size takes whole numbers separated by commas, not {batch_size!r}")
+    if min(batch_sizes) < 1:
+        fail("--batch-size: every batch size must be at least 1")
+    try:
+        results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
                             tuple(mode.strip() for mode in graphs.split(",")), job_prompts)
     except usage_errors() as error:
         fail(str(error))

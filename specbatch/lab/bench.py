@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -70,13 +71,16 @@ class Work:
 class BenchResult:
     name: str
     tokens_per_s: float
-    ratio_vs_hf_generate: float | None = None
+    batch_rows: int | None = None
+    ratio_vs_hf_generate: float | None = None  # at the same batch size
+    ratio_vs_none: float | None = None  # to specbatch-none (eager) at the same batch size
     # the work behind the speed (Work.rates); None where the library does not expose it
     target_passes_per_token: float | None = None
     target_rows_per_token: float | None = None  # padding apart (see Work)
     padded_target_rows_per_token: float | None = None
     padded_share: float | None = None
-    acceptance: float | None = None
+    acceptance: float | None = None  # accepted / proposed
+    alpha: float | None = None  # per-token α: of the drafts the rule reached, the share accepted
     tokens_per_pass: float | None = None
     tokens_per_pass_theory: float | None = None
     exact_match: float
@@ -179,7 +183,7 @@ def bench_result(name: str, outputs: dict, refs: dict, wall_s: float, work: Work
                  theory: float | None = None) -> BenchResult:
     """One row of the table; without `work` (a library that does not expose it) its rates are None."""
     tokens = sum(len(v) for v in outputs.values())
-    rates: dict[str, float | None] = {}
+    rates: dict[str, Any] = {}  # BenchResult's rate fields
     if work is not None:
         rates = {**work.rates(), "tokens_per_pass": work.num_committed / max(work.num_decode_rows, 1)}
     return BenchResult(name=name, tokens_per_s=tokens / wall_s, **rates, tokens_per_pass_theory=theory,
@@ -199,37 +203,59 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
     warmup_s = sum(r.warmup_ms for r in recorder.rounds) / 1000
     result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - warmup_s, work,
                           theory)
-    result.warmup_s = warmup_s
+    result.warmup_s, result.alpha = warmup_s, alpha
     if job_prompts:
         scale = job_prompts / len(rows)
         result.tokens_per_s_job = result.num_tokens * scale / (result.wall_s * scale + warmup_s)
     return result
 
 
-def run_bench(num_prompts: int, max_new_tokens: int, batch_size: int, config_path: Path | None = None,
+def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...], config_path: Path | None = None,
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
               job_prompts: int = 2000) -> list[BenchResult]:
+    """Every configuration at every batch size (a grid), on the same prompts and references."""
     console = console or Console()
-    base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={batch_size}"])
+    for mode in graphs:  # a bad mode fails before the references run
+        load_config(config_path, [*(overrides or []), f"models.graphs={mode}"])
+    base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
     models = load_models(base)
     prompts = heldout_prompts(models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
-    console.print(f"[bold]bench[/] {len(prompts)} prompts, max_new_tokens 16..{max_new_tokens}, batch {batch_size}")
+    console.print(f"[bold]bench[/] {len(prompts)} prompts, max_new_tokens 16..{max_new_tokens}, "
+                  f"batch rows {', '.join(map(str, batch_sizes))}")
     hf_logging.set_verbosity_error()
     refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
     if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
         run_engine(base.model_copy(update={"models": base.models.model_copy(update={"graphs": "eager"})}),
-                   models, prompts[:batch_size])
+                   models, prompts[: max(batch_sizes)])
+    spec = base.scheduler.lookahead
+    k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
+    results: list[BenchResult] = []
+    for batch_size in sorted(batch_sizes):
+        results += _bench_batch(batch_size, models, prompts, refs, config_path, overrides or [], graphs, k,
+                                job_prompts)
+    if models.draft is not None:
+        subset = prompts[: assisted_prompts or len(prompts)]
+        started = time.perf_counter()
+        outputs = run_hf_assisted(models, subset)
+        results.append(bench_result("hf-assisted", outputs, refs, time.perf_counter() - started))
+        results[-1].batch_rows = 1  # against hf-generate at the smallest batch size run
+        results[-1].ratio_vs_hf_generate = results[-1].tokens_per_s / results[0].tokens_per_s
+    print_rows(console, "specbatch bench", [asdict(r) for r in results], COLUMNS)
+    return results
 
+
+def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], refs: dict, config_path: Path | None,
+                 overrides: list[str], graphs: tuple[str, ...], k: int, job_prompts: int) -> list[BenchResult]:
+    """One batch size's rows: hf-generate, then specbatch with each drafter in each graph mode, each
+    with its ratios to hf-generate and specbatch-none at this batch size."""
     started = time.perf_counter()
     outputs, work = run_hf_generate(models, prompts, batch_size)
     results = [bench_result("hf-generate", outputs, refs, time.perf_counter() - started, work)]
-    spec = base.scheduler.lookahead
-    k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
     eager_rates: dict[str, float] = {}
     for mode in graphs:
         for drafter in ("none", "draft", "ngram"):
-            config = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={batch_size}",
+            config = load_config(config_path, [*overrides, f"scheduler.max_batch_rows={batch_size}",
                                                f"drafter.kind={drafter}", f"models.graphs={mode}"])
             if drafter == "draft" and models.draft is None:
                 continue
@@ -244,20 +270,18 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_size: int, config_pat
             elif drafter in eager_rates and result.tokens_per_s_job is not None:
                 result.ratio_vs_eager = result.tokens_per_s_job / eager_rates[drafter]
             results.append(result)
-    if models.draft is not None:
-        subset = prompts[: assisted_prompts or len(prompts)]
-        started = time.perf_counter()
-        outputs = run_hf_assisted(models, subset)
-        results.append(bench_result("hf-assisted", outputs, refs, time.perf_counter() - started))
+    none_rate = next((r.tokens_per_s for r in results if r.name.startswith("specbatch-none")), None)
     for result in results:
+        result.batch_rows = batch_size
         result.ratio_vs_hf_generate = result.tokens_per_s / results[0].tokens_per_s
-    print_rows(console, "specbatch bench", [asdict(r) for r in results], COLUMNS)
+        result.ratio_vs_none = result.tokens_per_s / none_rate if none_rate else None
     return results
 
 
-COLUMNS = {"name": ("name", ""), "tokens_per_s": ("tok/s", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
+COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("tok/s", ".1f"),
+           "ratio_vs_none": ("× none", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
            "target_passes_per_token": ("passes/tok", ".3f"), "target_rows_per_token": ("rows/tok", ".3f"),
-           "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"),
+           "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"), "alpha": ("α", ".3f"),
            "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
            "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
            "ratio_vs_eager": ("× eager", ".3f"), "exact_match": ("exact", ".3f"), "num_prompts": ("n", "")}
