@@ -4,14 +4,17 @@ capture to the job it would serve (the figures themselves are benchmarks, never 
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import fields
 
 import pytest
 from rich.console import Console
 
+from specbatch.config import JobConfig
 from specbatch.core import Row, SamplingParams
-from specbatch.engine.loading import BUNDLED_DIR
+from specbatch.engine.loading import BUNDLED_DIR, load_tokenizer
 from specbatch.lab.bench import run_bench, summarize_engine
+from specbatch.lab.prompts import file_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
 
@@ -46,3 +49,23 @@ def test_graph_capture_is_timed_apart_and_charged_once_per_job():
     assert result.warmup_s == pytest.approx(30.0)
     assert result.tokens_per_s == pytest.approx(100 / 1.0)  # 100 tokens in the 1 s after capture
     assert result.tokens_per_s_job == pytest.approx(100 * 100 / (1.0 * 100 + 30.0))  # 100× the prompts, one capture
+
+
+@pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
+def test_a_users_prompts_file_is_read_as_a_job_reads_it(tmp_path):
+    """Malformed and over-long records are dropped as a job drops them; the rest keep dataset order,
+    their own max_new_tokens and domain, and the ids a job's tokenization gives."""
+    config = JobConfig.model_validate({"capacity": {"max_context": 64}})
+    tokenizer = load_tokenizer(config.models)
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"id": "z", "prompt": "def parse(text):\n", "max_new_tokens": 12, "domain": "code"}),
+        "{not json",
+        json.dumps({"id": "long", "prompt": "word " * 200}),
+        json.dumps({"id": "a", "prompt": "The for statement"}),
+    ]) + "\n")
+    prompts, num_dropped = file_prompts(path, config, tokenizer)
+    assert num_dropped == 2
+    assert [(p.request_id, p.domain, p.max_new_tokens) for p in prompts] == [
+        ("z", "code", 12), ("a", "", config.sampling.max_new_tokens)]
+    assert list(prompts[1].prompt_ids) == tokenizer("The for statement", add_special_tokens=False)["input_ids"]

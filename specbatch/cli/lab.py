@@ -27,6 +27,9 @@ def bench(
     graphs: Annotated[str, typer.Option(help="graph modes to run specbatch in, comma-separated: "
                                              "eager,compile,cuda-graphs")] = "eager",
     job_prompts: Annotated[int, typer.Option(help="job size over which graph capture is charged")] = 2000,
+    prompts_file: Annotated[Path | None, typer.Option(
+        help="a dataset a job could run (JSONL, Parquet, ...): its first --prompts records instead of held-out ones",
+    )] = None,
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
@@ -50,7 +53,7 @@ def bench(
         fail("--batch-size: every batch size must be at least 1")
     try:
         results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
-                            tuple(mode.strip() for mode in graphs.split(",")), job_prompts)
+                            tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file)
     except usage_errors() as error:
         fail(str(error))
     if json_path is not None:

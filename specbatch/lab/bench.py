@@ -27,9 +27,10 @@ from transformers.utils import logging as hf_logging
 
 from specbatch.config import JobConfig, load_config
 from specbatch.core import Row
+from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.graphs import use_compile_cache
-from specbatch.lab.prompts import BenchPrompt, heldout_prompts
+from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
 
@@ -213,16 +214,24 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
 def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...], config_path: Path | None = None,
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
-              job_prompts: int = 2000) -> list[BenchResult]:
-    """Every configuration at every batch size (a grid), on the same prompts and references."""
+              job_prompts: int = 2000, prompts_file: Path | None = None) -> list[BenchResult]:
+    """Every configuration at every batch size (a grid), on the same prompts and references: the
+    held-out ones, or the first `num_prompts` records of `prompts_file` that a job would run."""
     console = console or Console()
     for mode in graphs:  # a bad mode fails before the references run
         load_config(config_path, [*(overrides or []), f"models.graphs={mode}"])
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
     models = load_models(base)
-    prompts = heldout_prompts(models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
-    console.print(f"[bold]bench[/] {len(prompts)} prompts, max_new_tokens 16..{max_new_tokens}, "
-                  f"batch rows {', '.join(map(str, batch_sizes))}")
+    if prompts_file is not None:
+        prompts, num_dropped = file_prompts(prompts_file, base, models.tokenizer)
+        prompts = prompts[:num_prompts]
+        if not prompts:
+            raise DatasetError(f"{prompts_file}: no record a job would run ({num_dropped} dropped)")
+        source = f"{prompts_file} ({num_dropped} records dropped as a job would drop them)"
+    else:
+        prompts = heldout_prompts(models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
+        source = f"held-out code and prose, max_new_tokens 16..{max_new_tokens}"
+    console.print(f"[bold]bench[/] {len(prompts)} prompts from {source}, batch rows {', '.join(map(str, batch_sizes))}")
     hf_logging.set_verbosity_error()
     refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
     if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
