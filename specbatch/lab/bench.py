@@ -268,10 +268,11 @@ def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], re
                                                f"drafter.kind={drafter}", f"models.graphs={mode}"])
             if drafter == "draft" and models.draft is None:
                 continue
-            if mode != "eager":  # each row pays a cold capture, as a new job's worker does
-                torch._dynamo.reset()
-                use_compile_cache(Path(tempfile.mkdtemp(prefix="specbatch-bench-graphs-")))
-            rows, recorder, wall_s = run_engine(config, models, prompts)
+            with tempfile.TemporaryDirectory(prefix="specbatch-bench-graphs-") as cache:
+                if mode != "eager":  # each row pays a cold capture, as a new job's worker does
+                    torch._dynamo.reset()
+                    use_compile_cache(Path(cache))
+                rows, recorder, wall_s = run_engine(config, models, prompts)
             name = f"specbatch-{drafter}" + ("" if mode == "eager" else f"-{mode}")
             result = summarize_engine(name, rows, recorder, refs, wall_s, 0 if drafter == "none" else k, job_prompts)
             if mode == "eager":
