@@ -55,8 +55,8 @@ def main() -> None:
         backend, _ = hf_backend(config, models)
         assert isinstance(backend.drafter, DraftModelDrafter)
         roles = {"target": backend.target, "draft": backend.drafter.draft}
-        for role, num_rows, query_len in PASSES:  # the first call of each shape captures its graph
-            roles[role].forward(list(range(num_rows)), [0] * num_rows, [[7] * query_len] * num_rows)
+        for role, num_rows, query_len in PASSES:  # the first pass of each shape captures its graph
+            roles[role].warm_up([(num_rows, query_len)])
         results[mode] = {"capture_s": time.perf_counter() - started}
         for role, num_rows, query_len in PASSES:
             key = f"{role} rows={num_rows} q={query_len} ms"
