@@ -183,7 +183,27 @@ class IOConfig(_Section):
 
 
 class WorkersConfig(_Section):
+    """Where a job's workers run (docs/deployment.md).
+
+    `local`: the worker group runs on the machine that runs the flow (`num_processes` processes).
+    `pool`: the flow starts `slots` worker flow runs through the deployment `specbatch-worker/POOL`
+    (registered by the flow on the work pool `pool`), on whichever machines run that pool's Prefect
+    workers; the job directory must then be on storage every machine reaches (an object-store URL).
+    """
+
     num_processes: int = Field(default=1, ge=1)
+    placement: Literal["local", "pool"] = "local"
+    slots: int = Field(default=1, ge=1)  # worker flow runs of a `pool` job (worker ids 0..slots-1)
+    pool: str = Field(default="specbatch", min_length=1)  # the Prefect work pool of `pool` placement
+    worker_retries: int = Field(default=2, ge=0)  # new runs of a failed worker flow run, per worker id
+    lease_s: float = Field(default=30.0, gt=0)  # job and worker leases on an object store (no flock there)
+
+    @model_validator(mode="after")
+    def _one_process_per_slot(self) -> WorkersConfig:
+        if self.placement == "pool" and self.num_processes > 1:
+            raise ValueError("workers.placement=pool runs one worker process per slot; set workers.slots "
+                             "instead of workers.num_processes")
+        return self
 
 
 class JobConfig(_Section):

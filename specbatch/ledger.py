@@ -2,12 +2,12 @@
 
 A job directory holds one folder per table. Records are buffered and written as *parts*: the same
 part name in every table folder, `part-w{worker:02d}-{run_id}-{seq:05d}.parquet` (seq 100000 and up
-take more digits, so order parts with `part_order`, not by name). Each file is
-written under a `.tmp` name and renamed; the `results` file is renamed last, so its existence is the
-commit point of the whole part. Readers (`committed_request_ids`, `read_table`, `sql/views.sql`)
-only count a part whose results file exists. Every part writes all four files, even empty ones, so
-that `read_parquet('JOB/<table>/*.parquet')` finds a file for every table of a job that committed
-anything.
+take more digits, so order parts with `part_order`, not by name). Each file is written whole
+(`specbatch.storage`: a `.tmp` file renamed on a local disk, one PUT on an object store); the `results`
+file is written last, so its existence is the commit point of the whole part. Readers
+(`committed_request_ids`, `read_table`, `sql/views.sql`) only count a part whose results file
+exists. Every part writes all four files, even empty ones, so that
+`read_parquet('JOB/<table>/*.parquet')` finds a file for every table of a job that committed anything.
 
 Each table's schema is derived from its record in `specbatch.records`; the ledger adds no column.
 """
@@ -15,7 +15,6 @@ Each table's schema is derived from its record in `specbatch.records`; the ledge
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -24,15 +23,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord, arrow_schema
+from specbatch.storage import TMP_SUFFIX, Location, Storage, open_storage
 
 log = logging.getLogger(__name__)
 
 TABLES = ("rounds", "steps", "requests", "results")  # write order: results last (the commit point)
 PART_SUFFIX = ".parquet"
-TMP_SUFFIX = ".tmp"
 _PART_RE = re.compile(r"^part-w(?P<worker>\d+)-(?P<run>.+)-(?P<seq>\d+)$")
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -59,27 +57,13 @@ def part_name(worker_id: int, run_id: str, seq: int) -> str:
     return f"part-w{worker_id:02d}-{run_id}-{seq:05d}"
 
 
+def part_key(table: str, name: str) -> str:
+    return f"{table}/{name}{PART_SUFFIX}"
+
+
 def part_path(job_dir: Path, table: str, name: str) -> Path:
-    return Path(job_dir) / table / (name + PART_SUFFIX)
-
-
-def _write_atomic(table: pa.Table, path: Path, durable: bool) -> None:
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or new file in `path` durable (POSIX needs the folder itself synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """The part's file in a local job directory."""
+    return Path(job_dir) / part_key(table, name)
 
 
 class PartWriter:
@@ -88,12 +72,13 @@ class PartWriter:
     A flush is due every `every_requests` result records, or `every_s` seconds after the last flush
     when anything is buffered. The caller records the returned part name in the manifest.
     `durable` fsyncs files and folders (about 25 ms a part here) so a commit also survives power
-    loss; without it a part is still atomic against a killed process.
+    loss; without it a part is still atomic against a killed process. On an object store each file
+    is one upload, durable once it completes.
     """
 
     def __init__(
         self,
-        job_dir: Path,
+        job_dir: Location,
         worker_id: int,
         run_id: str,
         every_requests: int = 64,
@@ -103,7 +88,7 @@ class PartWriter:
     ) -> None:
         if not run_id or "/" in run_id or run_id.endswith(TMP_SUFFIX):
             raise ValueError(f"bad run_id {run_id!r}")
-        self.job_dir = Path(job_dir)
+        self.storage = open_storage(job_dir)
         self.worker_id = worker_id
         self.run_id = run_id
         self.every_requests = every_requests
@@ -112,14 +97,12 @@ class PartWriter:
         self.durable = durable
         self._buffers: dict[str, list[Any]] = {table: [] for table in TABLES}
         self._last_flush = clock()
-        for table in TABLES:
-            (self.job_dir / table).mkdir(parents=True, exist_ok=True)
         self._seq = self._next_seq()
 
     def _next_seq(self) -> int:
         """Continue after any part this worker and run already wrote (a writer re-created in a run)."""
         mine = (self.worker_id, self.run_id)
-        parsed = (_PART_RE.match(name) for name in committed_parts(self.job_dir))
+        parsed = (_PART_RE.match(name) for name in committed_parts(self.storage))
         seqs = [int(m["seq"]) for m in parsed if m and (int(m["worker"]), m["run"]) == mine]
         return max(seqs, default=-1) + 1
 
@@ -153,10 +136,8 @@ class PartWriter:
             return None
         name = part_name(self.worker_id, self.run_id, self._seq)
         tables = {table: to_table(self._buffers[table], SCHEMAS[table]) for table in TABLES}
-        for table in TABLES:  # results last; each folder synced so the commit follows its data
-            _write_atomic(tables[table], part_path(self.job_dir, table, name), self.durable)
-            if self.durable:
-                fsync_dir(self.job_dir / table)
+        for table in TABLES:  # results last; each written whole (and synced) before the next
+            self.storage.write_parquet(part_key(table, name), tables[table], self.durable)
         log.debug("committed part %s (%s)", name, {t: tables[t].num_rows for t in TABLES})
         self._seq += 1
         self._buffers = {table: [] for table in TABLES}
@@ -164,19 +145,24 @@ class PartWriter:
         return name
 
 
-def committed_parts(job_dir: Path) -> list[str]:
+def _storage(job_dir: Location | Storage) -> Storage:
+    return job_dir if isinstance(job_dir, Storage) else open_storage(job_dir)
+
+
+def committed_parts(job_dir: Location | Storage) -> list[str]:
     """Part names whose results file exists (the commit point), in `part_order`."""
-    names = (p.name[: -len(PART_SUFFIX)] for p in (Path(job_dir) / "results").glob("*" + PART_SUFFIX))
+    names = (name[: -len(PART_SUFFIX)] for name in _storage(job_dir).names("results", PART_SUFFIX))
     return sorted(names, key=part_order)
 
 
-def committed_request_ids(job_dir: Path, statuses: Iterable[str] | None = None) -> set[str]:
+def committed_request_ids(job_dir: Location | Storage, statuses: Iterable[str] | None = None) -> set[str]:
     """Request ids in committed results parts, optionally only those with a given status."""
     wanted = None if statuses is None else set(statuses)
     columns = ["request_id"] if wanted is None else ["request_id", "status"]
     ids: set[str] = set()
-    for name in committed_parts(job_dir):
-        table = pq.read_table(part_path(job_dir, "results", name), columns=columns)
+    storage = _storage(job_dir)
+    for name in committed_parts(storage):
+        table = storage.read_parquet(part_key("results", name), columns=columns)
         if wanted is None:
             ids.update(table.column("request_id").to_pylist())
             continue
@@ -186,7 +172,7 @@ def committed_request_ids(job_dir: Path, statuses: Iterable[str] | None = None) 
     return ids
 
 
-def remove_orphan_parts(job_dir: Path, worker_id: int | None = None) -> list[str]:
+def remove_orphan_parts(job_dir: Location | Storage, worker_id: int | None = None) -> list[str]:
     """Delete uncommitted files so a resumed job does not double count; returns their paths.
 
     Orphans are `*.tmp` files and parts in rounds/steps/requests whose results file is missing (the
@@ -195,30 +181,29 @@ def remove_orphan_parts(job_dir: Path, worker_id: int | None = None) -> list[str
     rounds and steps of requests that were still in flight and then lost in a crash; those rows
     stay, because that work really was done and wasted, and the re-run adds its own rows.
     """
-    job_dir = Path(job_dir)
-    committed = set(committed_parts(job_dir))
+    storage = _storage(job_dir)
+    committed = set(committed_parts(storage))
     prefix = "" if worker_id is None else f"part-w{worker_id:02d}-"
     removed: list[str] = []
     for table in TABLES:
-        folder = job_dir / table
-        if not folder.is_dir():
-            continue
-        for path in sorted(p for p in folder.iterdir() if p.name.startswith(prefix)):
-            is_tmp = path.name.endswith(TMP_SUFFIX)
-            is_orphan = path.name.endswith(PART_SUFFIX) and path.name[: -len(PART_SUFFIX)] not in committed
-            if is_tmp or is_orphan:
-                path.unlink()
-                removed.append(str(path.relative_to(job_dir)))
+        for name in storage.names(table):
+            is_tmp = name.endswith(TMP_SUFFIX)
+            is_orphan = name.endswith(PART_SUFFIX) and name[: -len(PART_SUFFIX)] not in committed
+            if name.startswith(prefix) and (is_tmp or is_orphan):
+                storage.delete(f"{table}/{name}")
+                removed.append(f"{table}/{name}")
     if removed:
-        log.info("removed %d uncommitted part files from %s", len(removed), job_dir)
+        log.info("removed %d uncommitted part files from %s", len(removed), storage.location)
     return removed
 
 
-def read_table(job_dir: Path, table: str) -> pa.Table:
+def read_table(job_dir: Location | Storage, table: str) -> pa.Table:
     """All committed parts of one table, in part-name order (empty, with the schema, if none)."""
     schema = SCHEMAS[table]
-    paths = [part_path(job_dir, table, name) for name in committed_parts(job_dir)]
-    tables = [pq.read_table(p, schema=schema) for p in paths if p.exists()]
+    storage = _storage(job_dir)
+    present = set(storage.names(table, PART_SUFFIX))
+    names = [name for name in committed_parts(storage) if name + PART_SUFFIX in present]
+    tables = [storage.read_parquet(part_key(table, name), schema=schema) for name in names]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
@@ -238,19 +223,20 @@ def part_order(name: str) -> tuple[int, str, int]:
         return -1, name, -1  # not a part name: first, by name
 
 
-def retire_cancelled_results(job_dir: Path) -> int:
+def retire_cancelled_results(job_dir: Location | Storage) -> int:
     """Remove `cancelled` rows from committed results parts so a resumed job runs them again.
 
     Each affected results file is rewritten atomically; its rounds/steps/requests rows stay (the
     cancelled attempt's work really was done). Returns the number of rows retired.
     """
     retired = 0
-    for name in committed_parts(job_dir):
-        path = part_path(job_dir, "results", name)
-        table = pq.read_table(path, schema=RESULTS_SCHEMA)
+    storage = _storage(job_dir)
+    for name in committed_parts(storage):
+        key = part_key("results", name)
+        table = storage.read_parquet(key, schema=RESULTS_SCHEMA)
         keep = pc.not_equal(table.column("status"), "cancelled")
         kept = table.filter(keep)
         if kept.num_rows < table.num_rows:
             retired += table.num_rows - kept.num_rows
-            _write_atomic(kept, path, durable=True)
+            storage.write_parquet(key, kept, durable=True)
     return retired

@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from specbatch import ledger
+from specbatch import ledger, storage
 from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
 
 RECORDS = {"rounds": RoundRecord, "steps": StepRecord, "requests": RequestRecord, "results": ResultRecord}
@@ -158,14 +158,14 @@ def test_kill_mid_flush_leaves_an_orphan_that_is_ignored_and_removed(
             raise KeyboardInterrupt  # stands for kill -9 between the renames
         real_replace(src, dst)
 
-    monkeypatch.setattr(ledger.os, "replace", killed_at_results)
+    monkeypatch.setattr(storage.os, "replace", killed_at_results)
     writer.add_round(_round(1))
     writer.add_step(_step("lost"))
     writer.add_request(_request("lost"))
     writer.add_result(_result("lost"))
     with pytest.raises(KeyboardInterrupt):
         writer.flush()
-    monkeypatch.setattr(ledger.os, "replace", real_replace)
+    monkeypatch.setattr(storage.os, "replace", real_replace)
 
     assert ledger.committed_request_ids(tmp_path) == {"done"}
     assert ledger.read_table(tmp_path, "rounds").num_rows == 1

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbatch.cli.common import EXIT_INTERNAL, EXIT_STOPPED, EXIT_USAGE, console, err, fail, usage_errors
+from specbatch.storage import is_url, join, location_name
 
 if TYPE_CHECKING:
     from specbatch.config import JobConfig
@@ -25,11 +26,13 @@ commands = typer.Typer()
 
 @commands.command()
 def submit(
-    dataset: Annotated[Path, typer.Argument(help="JSONL, OpenAI batch JSONL, Parquet, or a HF dataset")],
+    dataset: Annotated[str, typer.Argument(
+        help="JSONL, OpenAI batch JSONL, Parquet, or a HF dataset; a path or an object-store URL (s3://...)")],
     config: Annotated[Path | None, typer.Option(help="job config YAML (default: bundled pair on CPU)")] = None,
     job_id: Annotated[str | None, typer.Option(help="job directory name; reuse it to resume")] = None,
-    output: Annotated[Path | None, typer.Option(
-        help="where job directories go (default: outputs; with --deployment, the deployment's)")] = None,
+    output: Annotated[str | None, typer.Option(
+        help="where job directories go: a folder or an object-store URL such as s3://bucket/jobs "
+             "(default: outputs; with --deployment, the deployment's)")] = None,
     drafter: Annotated[str | None, typer.Option(help="draft | ngram | none")] = None,
     lookahead: Annotated[str | None, typer.Option(help="fixed:K | adaptive | slack")] = None,
     order: Annotated[str | None, typer.Option(help="fcfs | sjf | laps-sd | specbatch")] = None,
@@ -61,16 +64,16 @@ def submit(
         column_map = _column_map(column)
     except usage_errors() as error:
         fail(str(error))
-    parameters = {"dataset": str(dataset.resolve()), "config": str(config.resolve()) if config else None,
+    parameters = {"dataset": _absolute(dataset), "config": str(config.resolve()) if config else None,
                   "overrides": overrides, "job_id": job_id, "force": force, "dataset_format": dataset_format,
                   "column_map": column_map}
     if deployment is not None:
-        _submit_deployment(deployment, {**parameters, "output": str(output.resolve()) if output else None}, wait)
+        _submit_deployment(deployment, {**parameters, "output": _absolute(output) if output else None}, wait)
         return
-    output = output or Path("outputs")
-    parameters["output"] = str(output)
-    job_dir = output / job_id
-    server = _start_prefect_and_check(parameters, job_dir)
+    output = output or "outputs"
+    parameters["output"] = output
+    job_dir = join(output, job_id)
+    server = _start_prefect_and_check(parameters, job_dir, Path("outputs") if is_url(output) else Path(output))
     from specbatch.job.flow import LocalHooks, local_hooks, specbatch_job
 
     hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
@@ -80,11 +83,16 @@ def submit(
                 server.wait_ready()
             state = specbatch_job(**parameters, return_state=True)  # the flow, in this process
     except KeyboardInterrupt:
-        err.print(f"interrupted; run the same command to resume {job_dir.name}")
+        err.print(f"interrupted; run the same command to resume {location_name(job_dir)}")
         raise typer.Exit(EXIT_STOPPED) from None
     except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
         fail(f"internal failure: {error!r}", EXIT_INTERNAL)
     _exit_as(state, job_dir)
+
+
+def _absolute(location: str) -> str:
+    """A local path made absolute (a deployment's worker runs elsewhere); a URL as it is."""
+    return location if is_url(location) else str(Path(location).resolve())
 
 
 def _flag_overrides(overrides: list[str], **flags: str | None) -> list[str]:
@@ -108,9 +116,10 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in column) if column else None
 
 
-def _start_prefect_and_check(parameters: dict[str, Any], job_dir: Path) -> Any:
-    """Boot Prefect's local server (while torch and prefect import) and fail fast on unusable input or
-    a job that is running; returns the server to wait for, or None when PREFECT_API_URL names one."""
+def _start_prefect_and_check(parameters: dict[str, Any], job_dir: str, prefect_dir: Path) -> Any:
+    """Boot Prefect's local server (state under PREFECT_DIR, while torch and prefect import) and fail
+    fast on unusable input or a job that is running; returns the server to wait for, or None when
+    PREFECT_API_URL names one."""
     from specbatch.job.lock import check_not_running
     from specbatch.job.prefect_local import start_local_prefect
 
@@ -118,7 +127,7 @@ def _start_prefect_and_check(parameters: dict[str, Any], job_dir: Path) -> Any:
         check_not_running(job_dir)  # the flow takes the lock; this only fails before Prefect starts
     except usage_errors() as error:
         fail(str(error))
-    server = start_local_prefect(Path(parameters["output"]))
+    server = start_local_prefect(prefect_dir)
     from specbatch.job.flow import check_inputs
 
     try:
@@ -126,11 +135,11 @@ def _start_prefect_and_check(parameters: dict[str, Any], job_dir: Path) -> Any:
         check_inputs(parameters["dataset"], job_config, parameters["dataset_format"], parameters["column_map"])
     except usage_errors() as error:
         fail(str(error))
-    console.print(f"[bold]specbatch[/] job [cyan]{job_dir.name}[/] → {job_dir}")
+    console.print(f"[bold]specbatch[/] job [cyan]{location_name(job_dir)}[/] → {job_dir}")
     return server
 
 
-def _exit_as(state: Any, job_dir: Path) -> None:
+def _exit_as(state: Any, job_dir: str) -> None:
     """Print the job's summary and exit with its code (0 when it ran to the end)."""
     from specbatch.job.flow import UNUSABLE_INPUT, summary_from_dict
 
@@ -141,10 +150,10 @@ def _exit_as(state: Any, job_dir: Path) -> None:
     if state.is_cancelled():  # stopped, or ended with requests left cancelled (not a success either way)
         stopped = state.result(raise_on_failure=False).get("stopped")
         err.print(f"stopped: in-flight requests were recorded as cancelled; run the same command to resume "
-                  f"{job_dir.name}" if stopped else state.message)
+                  f"{location_name(job_dir)}" if stopped else state.message)
         raise typer.Exit(EXIT_STOPPED)
     if not state.is_completed():
-        fail(f"internal failure: {state.message} (details in {job_dir / 'error.log'} if written; "
+        fail(f"internal failure: {state.message} (details in {join(job_dir, 'error.log')} if written; "
              "the job can be resumed)", EXIT_INTERNAL)
 
 
@@ -198,7 +207,7 @@ def _submit_deployment(name: str, parameters: dict[str, Any], wait: bool) -> Non
 
 
 def _print_summary(summary: JobSummary) -> None:
-    table = Table(title=f"job {summary.job_dir.name}", show_header=False)
+    table = Table(title=f"job {summary.job_id}", show_header=False)
     rows = [("records", summary.num_records), ("completed", summary.num_completed), ("dropped", summary.num_dropped),
             ("cancelled", summary.num_cancelled), ("output tokens", summary.num_output_tokens)]
     rows += [(f"  dropped: {reason}", count) for reason, count in sorted(summary.drop_reasons.items())]
@@ -209,13 +218,14 @@ def _print_summary(summary: JobSummary) -> None:
 
 
 @commands.command()
-def status(job: Annotated[str, typer.Argument(help="job id or job directory")],
-           output: Annotated[Path, typer.Option(help="where job directories go")] = Path("outputs")) -> None:
+def status(job: Annotated[str, typer.Argument(help="job id, job directory, or a job's object-store URL")],
+           output: Annotated[str, typer.Option(help="where job directories go (a folder or a URL)")] = "outputs",
+           ) -> None:
     """Show a job's progress from its manifest and committed parts."""
     from specbatch.job.finalize import summarize
     from specbatch.job.manifest import load_manifest
 
-    job_dir = Path(job) if Path(job).is_dir() else output / job
+    job_dir = job if is_url(job) or Path(job).is_dir() else join(output, job)
     missing: tuple[type[Exception], ...] = (FileNotFoundError, *usage_errors())
     try:
         manifest = load_manifest(job_dir)
@@ -232,7 +242,7 @@ def status(job: Annotated[str, typer.Argument(help="job id or job directory")],
     console.print(_throughput_line(job_dir))
 
 
-def _throughput_line(job_dir: Path) -> str:
+def _throughput_line(job_dir: str) -> str:
     from specbatch.ledger import read_table
 
     rounds = read_table(job_dir, "rounds").select(["started_s", "round_ms", "num_committed"]).to_pydict()

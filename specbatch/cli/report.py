@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,9 +12,11 @@ commands = typer.Typer()
 
 
 @commands.command()
-def report(job_dirs: Annotated[list[Path], typer.Argument(help="one or more job directories")],
+def report(job_dirs: Annotated[list[str], typer.Argument(
+               help="one or more job directories, or jobs' object-store URLs (s3://bucket/jobs/ID)")],
            baseline: Annotated[str | None, typer.Option(help="job id to compare against")] = None) -> None:
-    """Throughput-versus-cost tables, report.md, plots and report.html (in the first job directory)."""
+    """Throughput-versus-cost tables, report.md, plots and report.html (in the first job directory, or
+    reports/JOB_ID/ for a job on an object store)."""
     from specbatch.report import ReportError, build_report
 
     try:

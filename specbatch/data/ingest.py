@@ -7,6 +7,9 @@ as a `RawRecord` with a drop reason, so every input record still yields exactly 
 Everything that makes the *whole* dataset unusable (no such path, unknown format, a mapped column
 that does not exist) raises `DatasetError` from `resolve_dataset`, before any work is done.
 
+A dataset may also be a URL on an object store (`s3://bucket/prompts.jsonl`, any fsspec file
+system): JSON Lines, OpenAI batch files and Parquet are streamed from it the same way.
+
 Memory does not grow with the dataset: JSONL is read line by line (a line is read with a size limit,
 so even a gigabyte without a newline is skipped in bounded chunks), Parquet and Hugging Face datasets
 in record batches.
@@ -18,11 +21,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from specbatch.storage import input_exists, is_url, open_input
 
 FIELDS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop", "domain")
 FORMATS = ("jsonl", "openai_batch", "parquet", "hf_saved", "hf:<builder>")
@@ -30,6 +35,8 @@ BATCH_ROWS = 4096  # rows per Arrow batch read from Parquet / HF datasets
 MAX_RECORD_BYTES = 10 * 1024 * 1024
 _PEEK_LINES = 1000  # lines read to find the first JSON object when detecting OpenAI batch files
 _HF_SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+_URL_FORMATS = ("jsonl", "openai_batch", "parquet")  # streamed from an object store
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
 class DatasetError(ValueError):
@@ -54,7 +61,7 @@ class RawRecord:
 class DatasetSource:
     """A dataset path with its resolved format and column mapping (our field -> source column)."""
 
-    path: Path
+    path: Path | str  # a str only for a URL
     format: str
     column_map: dict[str, str] = field(default_factory=dict)
 
@@ -63,6 +70,8 @@ def resolve_dataset(
     path: str | Path, dataset_format: str | None = None, column_map: dict[str, str] | None = None
 ) -> DatasetSource:
     """Check that the dataset can be read and settle its format; raise `DatasetError` otherwise."""
+    if is_url(path):
+        return _resolve_url(str(path), dataset_format, column_map)
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"dataset not found: {path}")
@@ -74,6 +83,26 @@ def resolve_dataset(
         _check_columns(source, _table_columns(source))
     elif fmt.startswith("hf:") and (first := next(iter(_open_hf_files(source)), None)) is not None:
         _check_columns(source, list(first))
+    return source
+
+
+def _resolve_url(url: str, dataset_format: str | None, column_map: dict[str, str] | None) -> DatasetSource:
+    try:
+        found = input_exists(url)
+    except Exception as error:  # no credentials, no such bucket, endpoint unreachable
+        raise DatasetError(f"cannot reach dataset {url}: {error}") from error
+    if not found:
+        raise DatasetError(f"dataset not found: {url}")
+    suffix = PurePosixPath(url).suffix.lower()
+    fmt = dataset_format or ("parquet" if suffix == ".parquet" else
+                             _detect_json_lines(url) if suffix in _JSON_SUFFIXES else "")
+    if fmt not in _URL_FORMATS:
+        raise DatasetError(f"a dataset on an object store must be one of {', '.join(_URL_FORMATS)} "
+                           f"({url}); copy other formats to a local path")
+    source = DatasetSource(url, fmt, _check_column_map(fmt, column_map or {}))
+    if fmt == "parquet":
+        _check_parquet(url)
+        _check_columns(source, _table_columns(source))
     return source
 
 
@@ -91,7 +120,7 @@ def detect_format(path: Path) -> str:
         return "parquet"
     if suffix == ".csv":
         return "hf:csv"
-    if suffix in (".jsonl", ".json", ".ndjson"):
+    if suffix in _JSON_SUFFIXES:
         return _detect_json_lines(path)
     raise DatasetError(f"cannot tell the format of {path} from its name; choose one of {', '.join(FORMATS)}")
 
@@ -103,13 +132,13 @@ def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES
     if source.format == "parquet":
         return _iter_table_rows(_parquet_batches(source.path))
     if source.format == "hf_saved":
-        return _iter_table_rows(_hf_saved_batches(source.path))
+        return _iter_table_rows(_hf_saved_batches(Path(source.path)))
     return _iter_hf_files(source)
 
 
-def iter_json_lines(path: Path, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RawRecord]:
+def iter_json_lines(path: Path | str, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RawRecord]:
     """One record per non-blank line; whitespace-only lines are skipped silently (no record)."""
-    with path.open("rb") as file:
+    with open_input(path) as file:
         for position, line in enumerate(_lines(file, max_record_bytes)):
             if line is None:
                 yield RawRecord(
@@ -147,16 +176,16 @@ def _parse_line(position: int, line: bytes) -> RawRecord:
         return RawRecord(position, drop_reason="invalid_json", drop_message=message)
 
 
-def _detect_json_lines(path: Path) -> str:
+def _detect_json_lines(path: Path | str) -> str:
     """`openai_batch` if the first JSON object has `custom_id` and `body`, else `jsonl`."""
-    with path.open("rb") as file:
+    with open_input(path) as file:
         if file.read(2) in (b"\xff\xfe", b"\xfe\xff"):
             raise DatasetError(f"{path} is UTF-16 encoded; convert it to UTF-8 JSON Lines")
         file.seek(0)
         head = islice(_lines(file, MAX_RECORD_BYTES), _PEEK_LINES)
         lines = (line for line in head if line and line.strip())
         for index, line in enumerate(lines):
-            if index == 0 and line.lstrip().startswith(b"[") and path.suffix.lower() == ".json":
+            if index == 0 and line.lstrip().startswith(b"[") and str(path).lower().endswith(".json"):
                 raise DatasetError(f"{path} looks like a JSON array, not JSON Lines (one object per line)")
             value = _parse_line(index, line).value
             if isinstance(value, dict):
@@ -173,10 +202,15 @@ def _check_format(path: Path, fmt: str) -> None:
     if fmt in ("jsonl", "openai_batch", "parquet") and not path.is_file():
         raise DatasetError(f"format {fmt} needs a file, got {path}")
     if fmt == "parquet":
-        try:
-            pq.ParquetFile(path).close()
-        except (OSError, pa.ArrowException) as error:
-            raise DatasetError(f"{path} is not a readable Parquet file: {error}") from error
+        _check_parquet(path)
+
+
+def _check_parquet(path: Path | str) -> None:
+    try:
+        with open_input(path) as file:
+            pq.ParquetFile(file).close()
+    except (OSError, pa.ArrowException) as error:
+        raise DatasetError(f"{path} is not a readable Parquet file: {error}") from error
 
 
 def _check_column_map(fmt: str, column_map: dict[str, str]) -> dict[str, str]:
@@ -209,8 +243,9 @@ def _check_columns(source: DatasetSource, columns: list[str]) -> None:
 
 def _table_columns(source: DatasetSource) -> list[str]:
     if source.format == "parquet":
-        return list(pq.ParquetFile(source.path).schema_arrow.names)
-    return list(_load_hf_saved(source.path).column_names)
+        with open_input(source.path) as file, pq.ParquetFile(file) as parquet:
+            return list(parquet.schema_arrow.names)
+    return list(_load_hf_saved(Path(source.path)).column_names)
 
 
 def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[RawRecord]:
@@ -221,8 +256,8 @@ def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[R
             position += 1
 
 
-def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
-    with pq.ParquetFile(path) as file:
+def _parquet_batches(path: Path | str) -> Iterator[pa.RecordBatch]:
+    with open_input(path) as stream, pq.ParquetFile(stream) as file:
         columns = [name for name in file.schema_arrow.names if not name.startswith("__index_level_")]
         yield from file.iter_batches(batch_size=BATCH_ROWS, columns=columns)  # no pandas index column
 
@@ -257,7 +292,8 @@ def _open_hf_files(source: DatasetSource) -> Any:
     import datasets
 
     builder = source.format[3:]
-    files = [str(source.path)] if source.path.is_file() else _data_files(source.path)
+    path = Path(source.path)
+    files = [str(path)] if path.is_file() else _data_files(path)
     try:
         return datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
     except (OSError, ValueError, FileNotFoundError) as error:

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
-import pyarrow.parquet as pq
-
+from specbatch.data.shards import SHARDS_FOLDER, read_shard
 from specbatch.job.manifest import JobStatus, Manifest, load_manifest, update_manifest
 from specbatch.job.openai_output import output_line
 from specbatch.ledger import read_table, retire_cancelled_results
+from specbatch.storage import Location, location_name, open_storage
 
 DONE_STATUSES = ("completed", "dropped")  # a request with such a result never runs again; cancelled ones do
 
 
 @dataclass(frozen=True)
 class JobSummary:
-    job_dir: Path
+    job_dir: str  # a local path or an object-store URL
     num_records: int
     num_completed: int
     num_dropped: int
@@ -27,11 +26,15 @@ class JobSummary:
     drop_reasons: dict[str, int]
 
     @property
+    def job_id(self) -> str:
+        return location_name(self.job_dir)
+
+    @property
     def is_complete(self) -> bool:
         return self.num_completed + self.num_dropped == self.num_records
 
 
-def summarize(job_dir: Path) -> JobSummary:
+def summarize(job_dir: Location) -> JobSummary:
     """Counts of the committed results; a cancelled row of a request that ran again since is not counted."""
     manifest = load_manifest(job_dir)
     columns = ["request_id", "status", "drop_reason", "num_output_tokens"]
@@ -44,11 +47,11 @@ def summarize(job_dir: Path) -> JobSummary:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
         if row["status"] == "dropped":
             reasons[row["drop_reason"]] = reasons.get(row["drop_reason"], 0) + 1
-    return JobSummary(job_dir, manifest.dataset.num_records, counts["completed"], counts["dropped"],
+    return JobSummary(str(job_dir), manifest.dataset.num_records, counts["completed"], counts["dropped"],
                       counts["cancelled"], sum(r["num_output_tokens"] or 0 for r in results), reasons)
 
 
-def finalize(job_dir: Path) -> JobSummary:
+def finalize(job_dir: Location) -> JobSummary:
     """Export results.jsonl (and an OpenAI batch output file) and record the job's status."""
     summary = summarize(job_dir)
     manifest = load_manifest(job_dir)
@@ -68,31 +71,29 @@ def finalize(job_dir: Path) -> JobSummary:
     return summary
 
 
-def export_results_jsonl(job_dir: Path) -> Path:
-    path = job_dir / "results.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for row in read_table(job_dir, "results").to_pylist():
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
+def export_results_jsonl(job_dir: Location) -> str:
+    """JOB/results.jsonl, written whole; returns its path or URL."""
+    storage = open_storage(job_dir)
+    with storage.open_write("results.jsonl") as out:
+        for row in read_table(storage, "results").to_pylist():
+            out.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    return storage.url("results.jsonl")
 
 
-def export_openai_output(job_dir: Path) -> Path:
+def export_openai_output(job_dir: Location) -> str:
     """The OpenAI batch *output* format: one line per input line, by custom_id."""
+    storage = open_storage(job_dir)
     endpoints = _endpoints(job_dir)
-    path = job_dir / "openai_output.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for index, row in enumerate(read_table(job_dir, "results").to_pylist()):
-            out.write(json.dumps(output_line(row, endpoints.get(row["request_id"]), index)) + "\n")
-    tmp.replace(path)
-    return path
+    with storage.open_write("openai_output.jsonl") as out:
+        for index, row in enumerate(read_table(storage, "results").to_pylist()):
+            out.write((json.dumps(output_line(row, endpoints.get(row["request_id"]), index)) + "\n").encode())
+    return storage.url("openai_output.jsonl")
 
 
-def _endpoints(job_dir: Path) -> dict[str, str | None]:
+def _endpoints(job_dir: Location) -> dict[str, str | None]:
+    storage = open_storage(job_dir)
     endpoints: dict[str, str | None] = {}
-    for shard in sorted((job_dir / "shards").glob("*.parquet")):
-        table = pq.read_table(shard, columns=["request_id", "endpoint"])
+    for name in storage.names(SHARDS_FOLDER, ".parquet"):
+        table = read_shard(storage.url(f"{SHARDS_FOLDER}/{name}")).select(["request_id", "endpoint"])
         endpoints.update(zip(table.column("request_id").to_pylist(), table.column("endpoint").to_pylist(), strict=True))
     return endpoints

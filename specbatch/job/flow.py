@@ -31,7 +31,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.states import Cancelled, Failed, State
 
@@ -43,8 +43,9 @@ from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, 
 from specbatch.job.lock import JobRunningError, job_lock
 from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
-from specbatch.job.worker import WorkerProgress, run_worker
+from specbatch.job.worker import WorkerProgress, mark_shards, run_worker
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
+from specbatch.storage import is_url, join, location_name, open_storage
 
 FLOW_NAME = "specbatch-job"
 UNUSABLE_INPUT = "UnusableInput"  # state name of a run that stopped before any work
@@ -84,7 +85,7 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
     job_config = JobConfig.model_validate(config)
     try:
         check_inputs(dataset, job_config, dataset_format, column_map)
-        manifest = prepare(Path(dataset), Path(job_dir), job_config, force, dataset_format, column_map)
+        manifest = prepare(dataset, job_dir, job_config, force, dataset_format, column_map)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     _logger().info("job %s: %d records in %d shards (%s)", manifest.job_id, manifest.dataset.num_records,
@@ -95,7 +96,7 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
 def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | None = None,
                  column_map: dict[str, str] | None = None) -> None:
     """Cheap checks that fail before any work (and not in every worker process of every retry)."""
-    resolve_dataset(Path(dataset), dataset_format, column_map)
+    resolve_dataset(str(dataset), dataset_format, column_map)
     resolve_model_path(config.models.target)
     if config.drafter.kind == "draft" and config.models.draft:
         resolve_model_path(config.models.draft)
@@ -104,8 +105,9 @@ def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | N
 @task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES,
       retry_delay_seconds=WORKER_RETRY_DELAYS_S, retry_condition_fn=_not_unusable)
 def run_workers(job_dir: str) -> dict | State:
-    """Run the worker group (in-process, or `workers.num_processes` processes) until the job is done."""
-    path = Path(job_dir)
+    """Run the worker group (in-process, `workers.num_processes` processes, or `workers.slots` flow runs
+    on a work pool) until the job is done."""
+    path = job_dir if is_url(job_dir) else Path(job_dir)
     config = JobConfig.model_validate(load_manifest(path).config)
     local = _local_hooks.get() is not None
     hooks = _local_hooks.get() or LocalHooks()
@@ -118,12 +120,14 @@ def run_workers(job_dir: str) -> dict | State:
         hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path, DONE_STATUSES)))
     try:
         with stop_on_signals(hooks.stop_requested) if local else nullcontext():
-            if choose_launcher(config.workers.num_processes) == "in-process":
+            if config.workers.placement == "pool":
+                result = _run_pool(job_dir, config, hooks)
+            elif choose_launcher(config.workers.num_processes) == "in-process":
                 progress = run_worker(path, config, run_id=run_id, stop_requested=hooks.stop_requested,
                                       on_round=hooks.on_round)
                 result = LaunchResult("in-process", 1, hooks.stop_requested.is_set(), progress, None)
             else:
-                result = launch_workers(path, config, run_id, hooks.stop_requested, hooks.on_round)
+                result = _launch_local(path, config, run_id, hooks)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     except Exception as error:
@@ -140,14 +144,40 @@ def run_workers(job_dir: str) -> dict | State:
             "run_id": run_id, **asdict(result.progress)}
 
 
+def _run_pool(job_dir: str, config: JobConfig, hooks: LocalHooks) -> LaunchResult:
+    from specbatch.job.pool import run_pool_workers
+
+    if not is_url(job_dir):
+        raise JobError(f"workers.placement=pool needs a job directory every machine reaches: an object-store "
+                       f"URL such as s3://bucket/jobs for --output, not {job_dir}")
+    context = FlowRunContext.get()
+    parent_key = str(context.flow_run.id) if context is not None and context.flow_run is not None else "local"
+    pool = run_pool_workers(job_dir, config, parent_key, hooks.stop_requested, hooks.on_round)
+    return LaunchResult("pool", pool.num_slots, pool.stopped, pool.progress, None)
+
+
+def _launch_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: LocalHooks) -> LaunchResult:
+    """Worker processes on this machine; on an object store the flow marks their shards (workers
+    never write a manifest there)."""
+    if not is_url(job_dir):
+        return launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
+    num = config.workers.num_processes
+    shards = load_manifest(job_dir).shards
+    mark_shards(job_dir, {s.name: i % num for i, s in enumerate(shards) if s.status != "done"}, "running")
+    result = launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
+    if not result.stopped:
+        mark_shards(job_dir, {s.name: i % num for i, s in enumerate(shards)}, "done")
+    return result
+
+
 @task(name="finalize", cache_policy=NO_CACHE)
 def finalize_job(job_dir: str, workers: dict | None = None) -> dict:
     """Export results, record the job's status, and publish a markdown summary artifact."""
-    summary = finalize(Path(job_dir))
+    summary = finalize(job_dir)
     outcome = {**(workers or {}), **summary_to_dict(summary)}  # the job's counts win over this run's
     if TaskRunContext.get() is not None:  # not when `.fn()` is called outside a run
-        create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_dir.name),
-                                 description=f"specbatch job {summary.job_dir.name}")
+        create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_id),
+                                 description=f"specbatch job {summary.job_id}")
     return outcome
 
 
@@ -162,45 +192,48 @@ def specbatch_job(
     dataset_format: str | None = None,
     column_map: dict[str, str] | None = None,
 ) -> dict | State:
-    """Run one specbatch job: DATASET → OUTPUT/JOB_ID/ (manifest, shards, ledger tables, results)."""
+    """Run one specbatch job: DATASET → OUTPUT/JOB_ID/ (manifest, shards, ledger tables, results).
+
+    DATASET and OUTPUT may be object-store URLs (`s3://bucket/prefix`)."""
     logger = get_run_logger()
     try:
         job_config = load_config(Path(config) if config else None, overrides or [])
-        job_dir = Path(output) / check_job_id(job_id or default_job_id())
+        job_dir = join(output, check_job_id(job_id or default_job_id()))
     except USAGE_ERRORS as error:
         return _unusable(str(error))
-    logger.info("job directory %s", job_dir.resolve())
+    logger.info("job directory %s", job_dir if is_url(job_dir) else Path(job_dir).resolve())
     try:
-        with job_lock(job_dir):  # held through ingest and finalize; the workers never take it
+        with job_lock(job_dir, lease_s=job_config.workers.lease_s):  # held through ingest and finalize
             return _run_job(dataset, job_dir, job_config, force, dataset_format, column_map)
     except JobRunningError as error:
         return _unusable(str(error))
 
 
-def _run_job(dataset: str, job_dir: Path, job_config: JobConfig, force: bool, dataset_format: str | None,
+def _run_job(dataset: str, job_dir: str, job_config: JobConfig, force: bool, dataset_format: str | None,
              column_map: dict[str, str] | None) -> dict | State:
-    prepared = ingest_and_shard(dataset, str(job_dir), job_config.model_dump(mode="json"), force,
+    prepared = ingest_and_shard(dataset, job_dir, job_config.model_dump(mode="json"), force,
                                 dataset_format, column_map, return_state=True)
     if prepared.name == UNUSABLE_INPUT:
         return _unusable(prepared.message or "unusable input")
     try:
         prepared.result()
-        workers = run_workers(str(job_dir), return_state=True)
+        workers = run_workers(job_dir, return_state=True)
         if workers.name == UNUSABLE_INPUT:
             return _unusable(workers.message or "unusable input")
         launched = workers.result()  # raises if the worker group failed for good
         assert isinstance(launched, dict), "only an UnusableInput run returns a state"
-        outcome = finalize_job(str(job_dir), launched)
+        outcome = finalize_job(job_dir, launched)
     except Exception:
         _write_error_log(job_dir)
         raise
+    job_name = location_name(job_dir)
     if outcome.get("stopped"):
-        return Cancelled(message=f"stopped; run the same job again to resume {job_dir.name}", data=outcome)
+        return Cancelled(message=f"stopped; run the same job again to resume {job_name}", data=outcome)
     if outcome["num_cancelled"]:  # e.g. a killed run's worker committed them late: not a success
         return Cancelled(message=f"{outcome['num_cancelled']} requests ended cancelled; run the same job "
-                                 f"again to resume {job_dir.name}", data=outcome)
+                                 f"again to resume {job_name}", data=outcome)
     if not outcome["is_complete"]:
-        get_run_logger().warning("job %s is not complete: %s", job_dir.name, outcome)
+        get_run_logger().warning("job %s is not complete: %s", job_name, outcome)
     return outcome
 
 
@@ -209,9 +242,10 @@ def _unusable(message: str) -> State:
     return Failed(name=UNUSABLE_INPUT, message=message)
 
 
-def _write_error_log(job_dir: Path) -> None:
-    if job_dir.is_dir():
-        (job_dir / "error.log").write_text(traceback.format_exc())
+def _write_error_log(job_dir: str) -> None:
+    storage = open_storage(job_dir)
+    if storage.exists("manifest.json"):
+        storage.write_bytes("error.log", traceback.format_exc().encode())
 
 
 def _attempt() -> int:
@@ -233,7 +267,7 @@ def summary_to_dict(summary: JobSummary) -> dict:
 def summary_from_dict(data: dict) -> JobSummary:
     names = ("num_records", "num_completed", "num_dropped", "num_cancelled", "num_output_tokens",
              "drop_reasons")
-    return JobSummary(Path(data["job_dir"]), *(data[name] for name in names))
+    return JobSummary(str(data["job_dir"]), *(data[name] for name in names))
 
 
 def summary_markdown(outcome: dict) -> str:
@@ -243,7 +277,7 @@ def summary_markdown(outcome: dict) -> str:
     rows += [(f"dropped: {reason}", count) for reason, count in sorted(outcome["drop_reasons"].items())]
     if "launcher" in outcome:
         rows += [("workers", f"{outcome['num_processes']} ({outcome['launcher']})")]
-    lines = [f"# specbatch job `{Path(outcome['job_dir']).name}`", "", "| | |", "|---|---|"]
+    lines = [f"# specbatch job `{location_name(outcome['job_dir'])}`", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", f"Outputs: `{outcome['job_dir']}` (results/, requests/, rounds/, steps/, results.jsonl)"]
     return "\n".join(lines)

@@ -17,7 +17,8 @@ launcher that is killed leaves no worker writing behind a retry. On a stop (Ctrl
 group gets SIGTERM; each worker cancels what is in flight, commits and exits. A worker that crashes
 loses only what it had not committed; accelerate then stops the others (they commit on SIGTERM),
 plain subprocesses run on. Either way `WorkerGroupError` is raised and a retry of the launch
-resumes: committed requests are skipped. Process output goes to JOB_DIR/logs/workers-RUN_ID.log.
+resumes: committed requests are skipped. Process output goes to JOB_DIR/logs/workers-RUN_ID.log
+(for a job on an object store, to a local folder: `Storage.local_dir`).
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import pyarrow.parquet as pq
-
 from specbatch.config import JobConfig
 from specbatch.job.processes import free_port, signal_groups, spawn, stop_groups, tail
 from specbatch.job.worker import WorkerProgress
-from specbatch.ledger import committed_parts, part_path
+from specbatch.ledger import committed_parts, part_key
+from specbatch.storage import Location, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class WorkerGroupError(RuntimeError):
 
 @dataclass(frozen=True)
 class LaunchResult:
-    launcher: Launcher
+    launcher: Launcher | Literal["pool"]  # "pool": worker flow runs on a work pool (specbatch.job.pool)
     num_processes: int
     stopped: bool  # a stop was requested: in-flight requests were recorded as cancelled
     progress: WorkerProgress  # this launch's counters (read back from the ledger for processes)
@@ -74,7 +74,7 @@ def choose_launcher(num_processes: int) -> Launcher:
 
 
 def launch_workers(
-    job_dir: Path,
+    job_dir: Location,
     config: JobConfig,
     run_id: str,
     stop_requested: threading.Event | None = None,
@@ -82,7 +82,6 @@ def launch_workers(
     launcher: Launcher | None = None,
 ) -> LaunchResult:
     """Run the job's worker processes to completion or until `stop_requested` is set."""
-    job_dir = Path(job_dir)
     stop_requested = stop_requested or threading.Event()
     launcher = launcher or choose_launcher(config.workers.num_processes)
     if launcher == "in-process":
@@ -90,7 +89,7 @@ def launch_workers(
     return _launch_processes(job_dir, config, run_id, launcher, stop_requested, on_round)
 
 
-def worker_commands(job_dir: Path, run_id: str, num_processes: int, launcher: Launcher) -> list[list[str]]:
+def worker_commands(job_dir: Location, run_id: str, num_processes: int, launcher: Launcher) -> list[list[str]]:
     """The command lines of one launch: a single `accelerate launch`, or one per worker."""
     worker = ["-m", "specbatch.job.worker", str(job_dir), "--run-id", run_id]
     if launcher == "accelerate":
@@ -112,11 +111,11 @@ def worker_env(config: JobConfig, num_processes: int) -> dict[str, str]:
     return env
 
 
-def _launch_processes(job_dir: Path, config: JobConfig, run_id: str, launcher: Launcher,
+def _launch_processes(job_dir: Location, config: JobConfig, run_id: str, launcher: Launcher,
                       stop_requested: threading.Event,
                       on_round: Callable[[WorkerProgress], None] | None) -> LaunchResult:
     num_processes = config.workers.num_processes
-    log_path = job_dir / "logs" / f"workers-{run_id}.log"
+    log_path = open_storage(job_dir).local_dir() / "logs" / f"workers-{run_id}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     watcher = LedgerWatcher(job_dir)
     commands = worker_commands(job_dir, run_id, num_processes, launcher)
@@ -157,11 +156,11 @@ def _wait(processes: list[subprocess.Popen], stop_requested: threading.Event, wa
 class LedgerWatcher:
     """Progress of worker processes, read from the parts they commit after this watcher started."""
 
-    def __init__(self, job_dir: Path, every_s: float = 1.0) -> None:
-        self.job_dir = Path(job_dir)
+    def __init__(self, job_dir: Location, every_s: float = 1.0) -> None:
+        self.storage = open_storage(job_dir)
         self.every_s = every_s
         self.progress = WorkerProgress()
-        self._seen = set(committed_parts(self.job_dir))
+        self._seen = set(committed_parts(self.storage))
         self._last_poll = time.monotonic()
 
     def is_due(self) -> bool:
@@ -169,15 +168,15 @@ class LedgerWatcher:
 
     def poll(self) -> WorkerProgress:
         self._last_poll = time.monotonic()
-        for name in committed_parts(self.job_dir):
+        for name in committed_parts(self.storage):
             if name not in self._seen:
                 self._seen.add(name)
-                self._count(part_path(self.job_dir, "requests", name))
+                self._count(part_key("requests", name))
         return self.progress
 
-    def _count(self, path: Path) -> None:
+    def _count(self, key: str) -> None:
         columns = ["status", "num_output_tokens", "num_proposed", "num_accepted"]  # WorkerProgress.add's arguments
-        for request in pq.read_table(path, columns=columns).to_pylist():
+        for request in self.storage.read_parquet(key, columns=columns).to_pylist():
             self.progress.add(**request)
 
 

@@ -6,6 +6,10 @@ one's shards. The lock is an exclusive `fcntl.flock`: the kernel drops it when t
 by `kill -9`, so a stale lock is taken over without any clean-up. The holder's pid and host are
 written into the file only for the message a second runner prints. Worker processes started by the
 holder never take it (they hold their own `worker_lock`), and the file descriptor is not inherited.
+
+A job on an object store has no `flock`: there the lock is a lease with expiry (`specbatch.job.lease`,
+folder `.job-lease/`), renewed while the runner lives; a killed runner's lease is taken over once it
+expires (`workers.lease_s` after its last renewal).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specbatch.job.lease import LeaseHeldError, check_lease, hold_lease
 from specbatch.job.prepare import JobError
+from specbatch.storage import Location, is_url, location_name, open_storage
 
 LOCK_NAME = ".job.lock"
+LEASE_FOLDER = ".job-lease"
 WAIT_S = 2.0  # a runner retries this long: `check_not_running` of another CLI holds the lock for an instant
 
 
@@ -30,8 +37,16 @@ class JobRunningError(JobError):
 
 
 @contextmanager
-def job_lock(job_dir: Path, wait_s: float = WAIT_S) -> Iterator[None]:
-    """Hold JOB_DIR/.job.lock for the whole run, or raise `JobRunningError` within `wait_s`."""
+def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -> Iterator[None]:
+    """Hold JOB_DIR/.job.lock (a job on an object store: its lease) for the whole run, or raise
+    `JobRunningError` within `wait_s`."""
+    if is_url(job_dir):
+        try:
+            with hold_lease(open_storage(job_dir), LEASE_FOLDER, lease_s, wait_s):
+                yield
+        except LeaseHeldError as error:
+            raise _running(location_name(job_dir), error) from None
+        return
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(job_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)  # not inheritable (PEP 446)
@@ -44,8 +59,14 @@ def job_lock(job_dir: Path, wait_s: float = WAIT_S) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def check_not_running(job_dir: Path) -> None:
+def check_not_running(job_dir: Location) -> None:
     """Raise `JobRunningError` if a runner holds the job's lock now (a fast check before starting)."""
+    if is_url(job_dir):
+        try:
+            check_lease(open_storage(job_dir), LEASE_FOLDER)
+        except LeaseHeldError as error:
+            raise _running(location_name(job_dir), error) from None
+        return
     path = Path(job_dir) / LOCK_NAME
     if not path.exists():
         return
@@ -68,6 +89,11 @@ def _lock_or_raise(fd: int, job_dir: Path, deadline: float) -> None:
     pid, host = _holder(job_dir)
     raise JobRunningError(f"job {job_dir.name} is running (pid {pid} on {host}); wait for it to end, "
                           "or stop it, then run the same command to resume")
+
+
+def _running(job_id: str, error: LeaseHeldError) -> JobRunningError:
+    return JobRunningError(f"job {job_id} is running ({error}); wait for it to end, or stop it, then run "
+                           "the same command to resume")
 
 
 def _holder(job_dir: Path) -> tuple[str, str]:

@@ -9,6 +9,10 @@ Committed parts are not saved that way: rewriting the whole manifest per part is
 `append_part` adds one fsynced line to the journal `JOB_DIR/manifest.parts.log`; `load_manifest`
 folds the journal into `Manifest.parts`, and the next save writes them into manifest.json and drops
 the journal. The results folder stays the source of truth for what is committed (see ledger.py).
+
+A job on an object store has neither `flock` nor rename. There the manifest has one writer, the
+holder of the job's lease (the flow: ingest, shard status, finalize), and each save is one PUT; worker
+processes never write it, and `parts` is not journaled (the results folder lists committed parts).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
 from specbatch.faults import crash_point
-from specbatch.ledger import fsync_dir
+from specbatch.storage import Location, fsync_dir, is_url, open_input, open_storage
 
 if TYPE_CHECKING:
     from specbatch.data.shards import ShardInfo
@@ -93,14 +97,14 @@ class Manifest(_Model):
 
 def new_manifest(
     job_id: str,
-    dataset_path: str | Path,
+    dataset_path: Location,
     dataset_format: str,
     config: JobConfig,
     column_map: dict[str, str] | None = None,
 ) -> Manifest:
     """A fresh manifest for a job about to ingest; fingerprints the dataset (one streamed read)."""
     dataset = DatasetInfo(
-        path=str(Path(dataset_path).resolve()),
+        path=str(dataset_path) if is_url(dataset_path) else str(Path(dataset_path).resolve()),
         format=dataset_format,
         fingerprint=fingerprint(dataset_path),
         column_map=dict(column_map or {}),
@@ -114,11 +118,16 @@ def new_manifest(
     )
 
 
-def fingerprint(path: str | Path) -> str:
-    """`sha256:<hex>` over the file's bytes; for a directory over (relative path, size, bytes) of
-    every file in sorted order, so renaming, adding or changing any file changes it."""
-    path = Path(path)
+def fingerprint(path: Location) -> str:
+    """`sha256:<hex>` over the file's bytes (the same for a local file and its copy in an object
+    store); for a directory over (relative path, size, bytes) of every file in sorted order, so
+    renaming, adding or changing any file changes it."""
     digest = hashlib.sha256()
+    if is_url(path):
+        with open_input(path) as stream:
+            _hash_stream(digest, stream)
+        return f"sha256:{digest.hexdigest()}"
+    path = Path(path)
     if not path.is_dir():
         _hash_file(digest, path)
         return f"sha256:{digest.hexdigest()}"
@@ -146,19 +155,24 @@ def manifest_path(job_dir: Path) -> Path:
     return Path(job_dir) / MANIFEST_NAME
 
 
-def load_manifest(job_dir: Path) -> Manifest:
+def has_manifest(job_dir: Location) -> bool:
+    return open_storage(job_dir).exists(MANIFEST_NAME)
+
+
+def load_manifest(job_dir: Location) -> Manifest:
     """The job's manifest; `FileNotFoundError` if there is none, `ManifestError` if it is unreadable."""
-    path = manifest_path(job_dir)
-    text = path.read_text(encoding="utf-8")
+    storage = open_storage(job_dir)
+    text = storage.read_text(MANIFEST_NAME)
     try:
         manifest = Manifest.model_validate_json(text)
     except ValidationError as error:
-        raise ManifestError(f"{path} is not a valid specbatch manifest: {error}") from error
-    manifest.parts.extend(_journaled_parts(job_dir, manifest.parts))
+        raise ManifestError(f"{storage.url(MANIFEST_NAME)} is not a valid specbatch manifest: {error}") from error
+    if storage.is_local:
+        manifest.parts.extend(_journaled_parts(job_dir, manifest.parts))
     return manifest
 
 
-def _journaled_parts(job_dir: Path, known: list[str]) -> list[str]:
+def _journaled_parts(job_dir: Location, known: list[str]) -> list[str]:
     """Journal lines not in `known`, once each: a crash between a save and the journal's removal
     leaves both holding a part. The text after the last newline is a line torn by a crash."""
     try:
@@ -174,12 +188,17 @@ def _journaled_parts(job_dir: Path, known: list[str]) -> list[str]:
     return added
 
 
-def save_manifest(job_dir: Path, manifest: Manifest) -> None:
-    """Write atomically: a temporary file in the same directory, fsync, rename, fsync the directory.
+def save_manifest(job_dir: Location, manifest: Manifest) -> None:
+    """Write atomically: a temporary file in the same directory, fsync, rename, fsync the directory
+    (on an object store: one PUT).
 
     `manifest.parts` then holds the journal's parts too (it was loaded with them), so the journal
     goes. While workers run, save only through `update_manifest`: its lock keeps out `append_part`.
     """
+    if is_url(job_dir):
+        crash_point("manifest_write")
+        open_storage(job_dir).write_bytes(MANIFEST_NAME, manifest.model_dump_json(indent=2).encode())
+        return
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=job_dir, prefix=".manifest.", suffix=".tmp")
@@ -197,7 +216,7 @@ def save_manifest(job_dir: Path, manifest: Manifest) -> None:
     (job_dir / JOURNAL_NAME).unlink(missing_ok=True)
 
 
-def update_manifest(job_dir: Path, change: Callable[[Manifest], Manifest | None]) -> Manifest:
+def update_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | None]) -> Manifest:
     """Load, apply `change` (mutate in place or return a new manifest), save; under the job lock."""
     with manifest_lock(job_dir):
         manifest = load_manifest(job_dir)
@@ -207,10 +226,13 @@ def update_manifest(job_dir: Path, change: Callable[[Manifest], Manifest | None]
         return manifest
 
 
-def append_part(job_dir: Path, name: str) -> None:
-    """List one committed part: an fsynced line on the journal, not a rewrite of the manifest."""
+def append_part(job_dir: Location, name: str) -> None:
+    """List one committed part: an fsynced line on the journal, not a rewrite of the manifest
+    (nothing on an object store, where only the lease holder writes the manifest)."""
     if "\n" in name:
         raise ValueError(f"bad part name {name!r}")
+    if is_url(job_dir):
+        return
     with manifest_lock(job_dir):
         fd = os.open(Path(job_dir) / JOURNAL_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -226,8 +248,12 @@ def append_part(job_dir: Path, name: str) -> None:
 
 
 @contextmanager
-def manifest_lock(job_dir: Path) -> Iterator[None]:
-    """Exclusive lock between processes; released when the file is closed, even by `kill -9`."""
+def manifest_lock(job_dir: Location) -> Iterator[None]:
+    """Exclusive lock between processes; released when the file is closed, even by `kill -9`. On an
+    object store the job's lease stands in for it: only its holder writes the manifest."""
+    if is_url(job_dir):
+        yield
+        return
     with (Path(job_dir) / LOCK_NAME).open("a") as lock_file:
         fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
         try:
@@ -237,8 +263,10 @@ def manifest_lock(job_dir: Path) -> Iterator[None]:
 
 
 def _hash_file(digest: Any, path: Path) -> None:
-    buffer = bytearray(_CHUNK_BYTES)
-    view = memoryview(buffer)
     with path.open("rb", buffering=0) as file:
-        while size := file.readinto(buffer):
-            digest.update(view[:size])
+        _hash_stream(digest, file)
+
+
+def _hash_stream(digest: Any, file: Any) -> None:
+    while chunk := file.read(_CHUNK_BYTES):
+        digest.update(chunk)

@@ -21,13 +21,14 @@ from specbatch.job.drift import config_changes, record_config, refusal
 from specbatch.job.manifest import (
     Manifest,
     fingerprint,
+    has_manifest,
     load_manifest,
-    manifest_path,
     new_manifest,
     save_manifest,
     update_manifest,
 )
 from specbatch.ledger import retire_cancelled_results
+from specbatch.storage import Location, is_url, location_name
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +54,18 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def prepare(dataset: Path, job_dir: Path, config: JobConfig, force: bool = False,
+def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool = False,
             dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> Manifest:
-    """Create or resume a job directory; ingest the dataset into shards if not done yet."""
-    manifest = load_manifest(job_dir) if manifest_path(job_dir).exists() else None
+    """Create or resume a job directory (a local path or an object-store URL); ingest the dataset
+    into shards if not done yet."""
+    manifest = load_manifest(job_dir) if has_manifest(job_dir) else None
     if manifest is not None:  # a resume needs not repeat --format / --column
         dataset_format = dataset_format or manifest.dataset.format
         column_map = column_map or manifest.dataset.column_map or None
-    source = resolve_dataset(dataset, dataset_format, column_map)
+    source = resolve_dataset(str(dataset), dataset_format, column_map)
     if manifest is not None:
         if fingerprint(source.path) != manifest.dataset.fingerprint and not force:
-            raise JobError(f"dataset {source.path} changed since job {job_dir.name} started "
+            raise JobError(f"dataset {source.path} changed since job {location_name(job_dir)} started "
                            "(fingerprint differs); use a new --job-id, or --force to continue anyway")
         if manifest.status not in ("created", "ingesting"):
             changes = config_changes(manifest.config, config)
@@ -74,8 +76,9 @@ def prepare(dataset: Path, job_dir: Path, config: JobConfig, force: bool = False
             if retired:
                 log.info("resuming: %d cancelled requests will run again", retired)
             return update_manifest(job_dir, lambda m: record_config(m, config, changes, forced=bool(refused)))
-    job_dir.mkdir(parents=True, exist_ok=True)
-    manifest = new_manifest(job_dir.name, source.path, source.format, config, source.column_map)
+    if not is_url(job_dir):
+        Path(job_dir).mkdir(parents=True, exist_ok=True)
+    manifest = new_manifest(location_name(job_dir), source.path, source.format, config, source.column_map)
     manifest.status = "ingesting"
     save_manifest(job_dir, manifest)
     tokenizer = load_tokenizer(config.models)

@@ -5,7 +5,11 @@ committed completed or dropped result (resume; a cancelled one runs again), stre
 engine so batching continues across shard boundaries, flushes parts every N requests or T seconds,
 and on a stop request cancels what is in flight (recorded as `cancelled` with its tokens) and
 commits before returning.
-Launched in-process by `specbatch submit`, or as `accelerate launch ... -m specbatch.job.worker`.
+Launched in-process by `specbatch submit`, as `accelerate launch ... -m specbatch.job.worker`, or as
+a worker flow run of a `pool` job (`specbatch.job.pool`).
+
+On an object store the worker never writes the manifest (the flow marks shards, see manifest.py) and
+its per-id lock is a lease (`specbatch.job.lease`) instead of an `flock`.
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ from pathlib import Path
 
 from specbatch.config import JobConfig
 from specbatch.core import Row, SamplingParams, Status
-from specbatch.data.shards import read_shard_requests
+from specbatch.data.shards import SHARDS_FOLDER, read_shard_requests
 from specbatch.data.validate import Request
 from specbatch.engine.build import Models, build_hf_engine, load_models
 from specbatch.engine.graphs import use_compile_cache
 from specbatch.faults import crash_point
 from specbatch.job.finalize import DONE_STATUSES
+from specbatch.job.lease import LeaseHeldError, hold_lease
 from specbatch.job.manifest import append_part, load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.loop import Engine
+from specbatch.storage import Location, is_url, join, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ class WorkerProgress:
         self.num_accepted += num_accepted
 
 
-def my_shards(job_dir: Path, worker_id: int, num_workers: int) -> list[str]:
+def my_shards(job_dir: Location, worker_id: int, num_workers: int) -> list[str]:
     shards = load_manifest(job_dir).shards
     return [shard.name for index, shard in enumerate(shards) if index % num_workers == worker_id]
 
@@ -77,15 +83,15 @@ def to_row(request: Request) -> Row:
     return row
 
 
-def pending_requests(job_dir: Path, shard_names: list[str], done: set[str]) -> Iterator[tuple[str, Request]]:
+def pending_requests(job_dir: Location, shard_names: list[str], done: set[str]) -> Iterator[tuple[str, Request]]:
     for name in shard_names:
-        for request in read_shard_requests(job_dir / "shards" / name):
+        for request in read_shard_requests(join(job_dir, SHARDS_FOLDER, name)):
             if request.request_id not in done:
                 yield name, request
 
 
 def run_worker(
-    job_dir: Path,
+    job_dir: Location,
     config: JobConfig,
     worker_id: int = 0,
     num_workers: int = 1,
@@ -96,15 +102,15 @@ def run_worker(
 ) -> WorkerProgress:
     """Run this worker's share of the job to completion (or until a stop is requested), holding
     the worker's lock."""
-    job_dir = Path(job_dir)
+    job_dir = job_dir if is_url(job_dir) else Path(job_dir)
     stop_requested = stop_requested or threading.Event()
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S")
-    with worker_lock(job_dir, worker_id):  # one runner per worker id, even a killed launcher's child
+    with worker_lock(job_dir, worker_id, lease_s=config.workers.lease_s):  # one runner per worker id
         remove_orphan_parts(job_dir, worker_id)
         done = committed_request_ids(job_dir, DONE_STATUSES)  # cancelled rows, even late ones, run again
         names = my_shards(job_dir, worker_id, num_workers)
         if config.models.graphs != "eager":
-            use_compile_cache(job_dir / "compile-cache")
+            use_compile_cache(open_storage(job_dir).local_dir() / "compile-cache")
         models = models or load_models(config)
         writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
         engine = build_hf_engine(config, models, writer, worker_id)
@@ -150,7 +156,7 @@ def _count(rows: list[Row], progress: WorkerProgress) -> None:
         progress.add(row.status.value, row.num_output_tokens, row.num_proposed, row.num_accepted)
 
 
-def _record_part(job_dir: Path, name: str | None) -> None:
+def _record_part(job_dir: Location, name: str | None) -> None:
     """After a part's commit (its results file renamed), list it in the manifest's journal."""
     if name is None:
         return
@@ -158,13 +164,19 @@ def _record_part(job_dir: Path, name: str | None) -> None:
     append_part(job_dir, name)
 
 
-def _mark_shards(job_dir: Path, names: list[str], status: str, worker_id: int) -> None:
-    wanted = set(names)
+def _mark_shards(job_dir: Location, names: list[str], status: str, worker_id: int) -> None:
+    if is_url(job_dir):
+        return  # only the job's lease holder writes a manifest on an object store
+    mark_shards(job_dir, {name: worker_id for name in names}, status)
+
+
+def mark_shards(job_dir: Location, workers: dict[str, int], status: str) -> None:
+    """Set the status (and worker) of the shards named in `workers` (shard name -> worker id)."""
 
     def change(manifest):
         for shard in manifest.shards:
-            if shard.name in wanted:
-                shard.status, shard.worker_id = status, worker_id
+            if shard.name in workers:
+                shard.status, shard.worker_id = status, workers[shard.name]
 
     update_manifest(job_dir, change)
 
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     Exit code 0 when its shards are done, 130 when stopped.
     """
     parser = argparse.ArgumentParser(description="One specbatch worker process.")
-    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("job_dir", help="a local path or an object-store URL")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--worker-id", type=int, help="without accelerate: this worker's index")
     parser.add_argument("--num-workers", type=int, help="without accelerate: the number of workers")
@@ -211,9 +223,18 @@ def _placement(args: argparse.Namespace, config: JobConfig) -> tuple[int, int, s
 
 
 @contextmanager
-def worker_lock(job_dir: Path, worker_id: int, timeout_s: float = 60.0) -> Iterator[None]:
+def worker_lock(job_dir: Location, worker_id: int, timeout_s: float = 60.0, lease_s: float = 30.0) -> Iterator[None]:
     """Hold JOB_DIR/.worker-NN.lock: a worker waits for a stale one with its id (a killed launcher's
-    child still committing) instead of writing the same requests beside it."""
+    child still committing) instead of writing the same requests beside it. On an object store, the
+    lease `.worker-NN-lease/`; a killed worker's lease expires `lease_s` after its last renewal."""
+    if is_url(job_dir):
+        try:
+            with hold_lease(open_storage(job_dir), f".worker-{worker_id:02d}-lease", lease_s,
+                            wait_s=max(timeout_s, 2 * lease_s)):
+                yield
+        except LeaseHeldError as error:
+            raise RuntimeError(f"worker {worker_id} of {job_dir} is still running ({error})") from None
+        return
     path = Path(job_dir) / f".worker-{worker_id:02d}.lock"
     with path.open("a") as lock_file:
         deadline = time.monotonic() + timeout_s

@@ -2,7 +2,9 @@
 
 All figures come from `sql/*.sql` run by DuckDB over the views in `sql/views.sql`; this module only
 connects, renders (Rich, Markdown, HTML) and draws (matplotlib's Agg canvas via `Figure`, no pyplot
-state). Outputs go into the first job directory: report.md, report.html (PNGs embedded) and PNGs.
+state). Outputs go into the first job directory: report.md, report.html (PNGs embedded) and PNGs;
+for a job on an object store (`s3://...`, read through its fsspec file system registered with
+DuckDB), into `reports/JOB_ID/` here.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rich.table import Table
 
 from specbatch import ledger
 from specbatch.report.plots import PLOTS
+from specbatch.storage import ObjectStorage, is_url, location_name, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +81,12 @@ def sql_dir() -> Path:
 
 
 def connect(
-    job_dirs: list[Path], baseline: str | None = None, con: duckdb.DuckDBPyConnection | None = None
+    job_dirs: list[str] | list[Path], baseline: str | None = None, con: duckdb.DuckDBPyConnection | None = None
 ) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with the views of sql/views.sql over these job directories."""
+    """A DuckDB connection with the views of sql/views.sql over these job directories (paths or URLs)."""
     if not job_dirs:
         raise ReportError("no job directory given")
-    names = [Path(d).name for d in job_dirs]
+    names = [location_name(d) for d in job_dirs]
     if len(set(names)) != len(names):
         raise ReportError(f"job directories must have distinct names (the job_id): {names}")
     for job_dir in job_dirs:
@@ -91,14 +94,25 @@ def connect(
         if special:
             raise ReportError(f"job directory {str(job_dir)!r} has characters DuckDB would read as a glob "
                               f"or a list ({''.join(special)!r}); rename or move it")
-        if not ledger.committed_parts(Path(job_dir)):
+        try:
+            committed = ledger.committed_parts(job_dir)
+        except Exception as error:  # an object store that cannot be reached or read
+            raise ReportError(f"cannot read {job_dir}: {error}") from error
+        if not committed:
             raise ReportError(f"{job_dir}: no committed parts (results/*.parquet); nothing to report")
-    if baseline is not None and Path(baseline).name not in names:
+    if baseline is not None and location_name(baseline) not in names:
         raise ReportError(f"baseline {baseline!r} is not one of the jobs {names}")
     con = con or duckdb.connect()
+    registered: set[str | None] = set(con.list_filesystems())
+    for job_dir in job_dirs:
+        storage = open_storage(job_dir)
+        name = storage.fs.protocol[0] if isinstance(storage, ObjectStorage) else None
+        if isinstance(storage, ObjectStorage) and name not in registered:  # one per protocol (s3, gs, ...)
+            registered.add(name)
+            con.register_filesystem(storage.fs)  # DuckDB reads s3://... through the same fsspec file system
     con.execute("SET VARIABLE job_dir = ?", [",".join(str(d) for d in job_dirs)])
     if baseline is not None:
-        con.execute("SET VARIABLE baseline_job = ?", [Path(baseline).name])
+        con.execute("SET VARIABLE baseline_job = ?", [location_name(baseline)])
     con.execute((sql_dir() / "views.sql").read_text())
     return con
 
@@ -178,7 +192,7 @@ def _html_table(result: QueryResult) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render_markdown(job_dirs: list[Path], results: list[QueryResult], plots: list[Path]) -> str:
+def render_markdown(job_dirs: list[str], results: list[QueryResult], plots: list[Path]) -> str:
     parts = ["# specbatch report", "", "Jobs: " + ", ".join(f"`{d}`" for d in job_dirs), ""]
     parts += [f"![{p.stem}]({p.name})" for p in plots]
     for result in results:
@@ -187,7 +201,7 @@ def render_markdown(job_dirs: list[Path], results: list[QueryResult], plots: lis
     return "\n".join(parts)
 
 
-def render_html(job_dirs: list[Path], results: list[QueryResult], plots: list[Path]) -> str:
+def render_html(job_dirs: list[str], results: list[QueryResult], plots: list[Path]) -> str:
     body = [f"<h1>specbatch report</h1><p>Jobs: {html.escape(', '.join(map(str, job_dirs)))}</p>"]
     for plot in plots:
         data = base64.b64encode(plot.read_bytes()).decode()
@@ -199,14 +213,15 @@ def render_html(job_dirs: list[Path], results: list[QueryResult], plots: list[Pa
 
 
 def build_report(
-    job_dirs: list[Path],
+    job_dirs: list[str] | list[Path],
     baseline: str | None = None,
     console: Console | None = None,
     out_dir: Path | None = None,
 ) -> Path:
     """Run every query, print Rich tables, write report.md, PNGs and report.html; returns report.md."""
-    job_dirs = [Path(d) for d in job_dirs]
-    out_dir = Path(out_dir) if out_dir is not None else job_dirs[0]
+    job_dirs = [str(d) for d in job_dirs]
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(job_dirs[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
     console = console or Console()
     con = connect(job_dirs, baseline)
     results = run_queries(con)
@@ -219,3 +234,8 @@ def build_report(
     (out_dir / "report.html").write_text(render_html(job_dirs, tables, plots))
     log.info("wrote %s, report.html and %d plots", report_md, len(plots))
     return report_md
+
+
+def default_out_dir(job_dir: str) -> Path:
+    """A local job's own directory; `reports/JOB_ID` here for a job on an object store."""
+    return Path("reports") / location_name(job_dir) if is_url(job_dir) else Path(job_dir)

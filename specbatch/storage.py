@@ -1,0 +1,277 @@
+"""Where a job's files live: a local folder or an object-store URL, behind one small interface.
+
+A local folder keeps the POSIX commit protocol: a temporary file, fsync, `os.replace`, fsync of the
+folder. An object store (any fsspec file system named by a URL: `s3://bucket/prefix`, `gs://...`,
+`memory://...`) has no rename and no `flock`, but it has what a commit needs: an object is absent or
+whole (a PUT, or a multipart upload, appears at once when it completes), so every write is its own
+commit, and S3 takes a conditional PUT (`If-None-Match: *`, fsspec's `pipe_file(mode="create")`), the
+one primitive the job's lease (`specbatch.job.lease`) needs.
+
+Keys are relative to the job folder, with `/` separators (`results/part-w00-R-00000.parquet`).
+Credentials and endpoints come from the file system's own settings (for S3: `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, or `FSSPEC_S3_*` variables); nothing here reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from functools import cached_property
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TMP_SUFFIX = ".tmp"
+Location = str | os.PathLike
+
+
+def is_url(location: Location) -> bool:
+    """True for `scheme://...` other than `file://` (a local path either way)."""
+    text = os.fspath(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def join(location: Location, *names: str) -> str:
+    """`location/name/...` for a path or a URL (`Path` would fold a URL's `//`)."""
+    text = os.fspath(location)
+    if not is_url(text):
+        return str(Path(text.removeprefix("file://"), *names))
+    return "/".join([text.rstrip("/"), *names])
+
+
+def location_name(location: Location) -> str:
+    """The last component: a job directory's name is its job id."""
+    return os.fspath(location).rstrip("/").rsplit("/", 1)[-1]
+
+
+def open_storage(location: Location) -> Storage:
+    return ObjectStorage(os.fspath(location)) if is_url(location) else LocalStorage(Path(os.fspath(location)))
+
+
+def open_input(location: Location) -> IO[bytes]:
+    """A file (local path or URL) opened for reading bytes."""
+    if not is_url(location):
+        return open(os.fspath(location), "rb")  # noqa: SIM115 - the caller closes it
+    import fsspec
+
+    return fsspec.open(os.fspath(location), "rb").open()
+
+
+def input_exists(location: Location) -> bool:
+    if not is_url(location):
+        return Path(os.fspath(location)).exists()
+    fs, path = _url_to_fs(os.fspath(location))
+    return bool(fs.exists(path))
+
+
+class Storage:
+    """A job folder: atomic whole-object writes, create-if-absent, listing, deletes, Parquet."""
+
+    location: str  # as the user gave it: a path or a URL
+    is_local: bool
+
+    @property
+    def name(self) -> str:
+        return location_name(self.location)
+
+    def url(self, key: str = "") -> str:
+        return join(self.location, *[part for part in key.split("/") if part])
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def names(self, folder: str, suffix: str = "") -> list[str]:
+        """Names (not keys) of the files directly in `folder` ending with `suffix`, sorted; [] if none."""
+        raise NotImplementedError
+
+    def read_bytes(self, key: str) -> bytes:
+        """The object's bytes; `FileNotFoundError` if it does not exist."""
+        raise NotImplementedError
+
+    def read_text(self, key: str) -> str:
+        return self.read_bytes(key).decode("utf-8")
+
+    @contextmanager
+    def open_write(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
+        """Write a whole object; readers see it only once the block ends without an error."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def write_bytes(self, key: str, data: bytes, durable: bool = True) -> None:
+        with self.open_write(key, durable) as file:
+            file.write(data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write `key` only if it does not exist yet (atomically); False if it already did."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove `key`; nothing if it is already gone."""
+        raise NotImplementedError
+
+    def write_parquet(self, key: str, table: pa.Table, durable: bool = True) -> None:
+        with self.open_write(key, durable) as file:
+            pq.write_table(table, file)
+
+    def read_parquet(self, key: str, columns: list[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
+        raise NotImplementedError
+
+    def local_dir(self) -> Path:
+        """A local folder for what only one machine needs (logs, compiled kernels): the job folder
+        itself when it is local, else a folder under the system's temporary directory."""
+        raise NotImplementedError
+
+
+class LocalStorage(Storage):
+    is_local = True
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.location = str(root)
+
+    def exists(self, key: str) -> bool:
+        return (self.root / key).exists()
+
+    def names(self, folder: str, suffix: str = "") -> list[str]:
+        directory = self.root / folder
+        if not directory.is_dir():
+            return []
+        return sorted(p.name for p in directory.iterdir() if p.name.endswith(suffix) and p.is_file())
+
+    def read_bytes(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    @contextmanager
+    def open_write(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
+        """A temporary file beside the target, renamed over it; with `durable`, the file and then the
+        folder are fsynced, so the rename survives power loss too."""
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        try:
+            with open(tmp, "wb") as file:
+                yield file
+                if durable:
+                    file.flush()
+                    os.fsync(file.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if durable:
+            fsync_dir(path.parent)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Written under a unique temporary name, then hard-linked to `key`: `link` fails if `key`
+        exists, so the content appears whole or not at all."""
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        fsync_dir(path.parent)
+        return True
+
+    def delete(self, key: str) -> None:
+        (self.root / key).unlink(missing_ok=True)
+
+    def read_parquet(self, key: str, columns: list[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
+        return pq.read_table(self.root / key, columns=columns, schema=schema)
+
+    def local_dir(self) -> Path:
+        return self.root
+
+
+class ObjectStorage(Storage):
+    """An fsspec file system. Listings are read fresh (fsspec caches them per instance, and other
+    machines write here too)."""
+
+    is_local = False
+
+    def __init__(self, url: str) -> None:
+        self.location = url.rstrip("/")
+        self.fs, self.root = _url_to_fs(self.location)
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def exists(self, key: str) -> bool:
+        self.fs.invalidate_cache(self._path(key))
+        return bool(self.fs.exists(self._path(key)))
+
+    def names(self, folder: str, suffix: str = "") -> list[str]:
+        path = self._path(folder)
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        names = (entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry["type"] == "file")
+        return sorted(name for name in names if name.endswith(suffix))
+
+    def read_bytes(self, key: str) -> bytes:
+        return bytes(self.fs.cat_file(self._path(key)))
+
+    @contextmanager
+    def open_write(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
+        """Buffered locally, then one upload: the object appears when the upload completes, and an
+        error before that leaves no object (`durable` is implied)."""
+        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buffer:
+            yield buffer
+            buffer.seek(0)
+            with self.fs.open(self._path(key), "wb") as remote:
+                shutil.copyfileobj(buffer, remote, 8 << 20)
+
+    def create(self, key: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(self._path(key), data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def delete(self, key: str) -> None:
+        with suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(key))
+        self.fs.invalidate_cache(self._path(key))
+
+    def read_parquet(self, key: str, columns: list[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
+        return pq.read_table(self._path(key), columns=columns, schema=schema, filesystem=self.fs)
+
+    def local_dir(self) -> Path:
+        return self._scratch
+
+    @cached_property
+    def _scratch(self) -> Path:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.location)
+        path = Path(tempfile.gettempdir()) / "specbatch" / safe
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def _url_to_fs(url: str) -> tuple[Any, str]:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path.rstrip("/")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new file in `path` durable (POSIX needs the folder itself synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
