@@ -160,7 +160,7 @@ class LocalStorage(Storage):
                     file.flush()
                     os.fsync(file.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except Exception:  # a kill leaves the .tmp file instead; the ledger removes such orphans on resume
             tmp.unlink(missing_ok=True)
             raise
         if durable:

@@ -95,7 +95,7 @@ def test_results_file_is_renamed_last(tmp_path: Path, monkeypatch: pytest.Monkey
     renamed: list[str] = []
     real_replace = os.replace
     monkeypatch.setattr(
-        ledger.os, "replace", lambda src, dst: (renamed.append(Path(dst).parent.name), real_replace(src, dst))
+        storage.os, "replace", lambda src, dst: (renamed.append(Path(dst).parent.name), real_replace(src, dst))
     )
     writer = _writer(tmp_path)
     writer.add_result(_result())

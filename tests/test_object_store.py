@@ -1,0 +1,184 @@
+"""Jobs on an object store: a real S3-compatible server (moto, started here) holds the dataset and the
+job. The storage layer's commit primitives, the lease that replaces `flock`, the ledger, a whole job
+through the CLI, `status` and `report` over `s3://`, and a second submit of a running job refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from job_helpers import write_config, write_jsonl
+from s3_server import make_bucket, s3_server
+from test_ledger import _request, _result, _round
+
+from specbatch import ledger
+from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
+from specbatch.job.lock import JobRunningError, check_not_running, job_lock
+from specbatch.storage import ObjectStorage, open_storage
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(3):", "Speculative decoding"]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as env:
+        yield env
+
+
+@pytest.fixture
+def bucket(s3, request) -> str:
+    return make_bucket(re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-"))
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    if request.param == "local":
+        return open_storage(tmp_path / "job")
+    request.getfixturevalue("s3")
+    return open_storage(make_bucket(f"storage-{request.node.name[-8:].strip('[]').lower()}") + "/jobs/j1")
+
+
+def test_storage_writes_whole_objects_and_creates_only_once(storage):
+    storage.write_bytes("a/x.json", b"1")
+    storage.write_bytes("a/x.json", b"2")  # a replace
+    assert storage.read_bytes("a/x.json") == b"2"
+    assert storage.create("a/lock", b"first") and not storage.create("a/lock", b"second")
+    assert storage.read_bytes("a/lock") == b"first"
+    with pytest.raises(RuntimeError), storage.open_write("a/half.parquet") as file:
+        file.write(b"PAR1")
+        raise RuntimeError("the writer failed")
+    assert storage.names("a") == ["lock", "x.json"]  # nothing of the failed write is visible
+    storage.write_parquet("t/p.parquet", pa.table({"v": [1, 2]}))
+    assert storage.read_parquet("t/p.parquet").column("v").to_pylist() == [1, 2]
+    storage.delete("a/lock")
+    storage.delete("a/lock")  # already gone: nothing
+    assert not storage.exists("a/lock") and storage.names("missing") == []
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("a/lock")
+
+
+def test_lease_has_one_holder_and_a_dead_holder_is_taken_over(bucket):
+    storage = open_storage(f"{bucket}/jobs/j1")
+    with hold_lease(storage, ".job-lease", ttl_s=30):
+        with pytest.raises(LeaseHeldError, match=f"pid {os.getpid()}"):
+            Lease(storage, ".job-lease", ttl_s=30).try_acquire()
+        with pytest.raises(LeaseHeldError):
+            check_lease(storage, ".job-lease")
+    check_lease(storage, ".job-lease")  # released on exit: free at once
+    stalled = Lease(storage, ".job-lease", ttl_s=0.5)
+    stalled.try_acquire()  # never renewed, as if its holder were killed
+    time.sleep(0.6)
+    successor = Lease(storage, ".job-lease", ttl_s=30)
+    successor.try_acquire()
+    assert successor.number == stalled.number + 1
+    assert not stalled.renew() and stalled.lost  # the stalled holder learns it must stop
+
+
+def test_two_runners_racing_for_a_lease_get_one_winner(bucket):
+    storage = open_storage(f"{bucket}/jobs/race")
+    outcomes: list[str] = []
+    start = threading.Barrier(4)
+
+    def contend() -> None:
+        start.wait()
+        try:
+            Lease(storage, ".job-lease", ttl_s=30).try_acquire()
+            outcomes.append("won")
+        except LeaseHeldError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=contend) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["refused", "refused", "refused", "won"]
+
+
+def test_job_lock_on_an_object_store_refuses_a_second_runner(bucket):
+    job_dir = f"{bucket}/jobs/locked"
+    with job_lock(job_dir, wait_s=0):
+        with pytest.raises(JobRunningError, match=r"job locked is running \(pid"):
+            check_not_running(job_dir)
+        with pytest.raises(JobRunningError), job_lock(job_dir, wait_s=0):
+            pass
+    check_not_running(job_dir)
+
+
+def test_ledger_commits_on_an_object_store(bucket):
+    job_dir = f"{bucket}/jobs/ledger"
+    writer = ledger.PartWriter(job_dir, worker_id=3, run_id="r1")
+    writer.add_round(_round())
+    writer.add_request(_request("done"))
+    writer.add_result(_result("done"))
+    first = writer.flush()
+    storage = open_storage(job_dir)
+    assert isinstance(storage, ObjectStorage)
+    storage.write_parquet(f"rounds/part-w03-r1-00001{ledger.PART_SUFFIX}", ledger.to_table([_round(1)],
+                                                                                           ledger.ROUNDS_SCHEMA))
+    assert ledger.committed_parts(job_dir) == [first]  # a part without its results object does not count
+    assert ledger.committed_request_ids(job_dir) == {"done"}
+    assert ledger.read_table(job_dir, "rounds").num_rows == 1
+    assert ledger.remove_orphan_parts(job_dir, worker_id=3) == ["rounds/part-w03-r1-00001.parquet"]
+    assert ledger.PartWriter(job_dir, worker_id=3, run_id="r1")._seq == 1  # continues after the committed part
+
+
+def _cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specbatch.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_a_job_on_an_object_store_runs_reports_and_refuses_a_second_runner(bucket, tiny_pair, tmp_path):
+    from s3fs import S3FileSystem
+
+    records = [{"id": f"p{i}", "prompt": PROMPTS[i % 4], "max_new_tokens": 8} for i in range(12)]
+    records.append({"id": "bad", "prompt": 7})  # a malformed record: dropped, and the job goes on
+    local = write_jsonl(tmp_path / "prompts.jsonl", records)
+    fs = S3FileSystem()
+    fs.put_file(str(local), f"{bucket}/data/prompts.jsonl")
+    config = write_config(tmp_path, tiny_pair, workers={"lease_s": 5})
+    jobs = f"{bucket}/jobs"
+    submit = [sys.executable, "-m", "specbatch.cli", "submit", f"{bucket}/data/prompts.jsonl", "--config",
+              str(config), "--job-id", "s3-1", "--output", jobs]
+
+    first = subprocess.Popen(submit, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _lease_held(f"{jobs}/s3-1") and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    second = _cli("submit", f"{bucket}/data/prompts.jsonl", "--config", str(config), "--job-id", "s3-1",
+                  "--output", jobs, cwd=tmp_path)
+    out, errors = first.communicate(timeout=300)
+    assert first.returncode == 0, out + errors
+    assert second.returncode == 2 and "s3-1 is running" in second.stderr, second.stdout + second.stderr
+    results = ledger.read_table(f"{jobs}/s3-1", "results").to_pylist()
+    assert sorted(row["request_id"] for row in results) == sorted([f"p{i}" for i in range(12)] + ["bad"])
+    assert {row["request_id"]: row["status"] for row in results}["bad"] == "dropped"
+    manifest = json.loads(fs.cat_file(f"{jobs}/s3-1/manifest.json"))
+    assert manifest["status"] == "done" and {s["status"] for s in manifest["shards"]} == {"done"}
+    assert manifest["dataset"]["path"] == f"{bucket}/data/prompts.jsonl"
+    exported = fs.cat_file(f"{jobs}/s3-1/results.jsonl").decode().splitlines()
+    assert len(exported) == 13
+
+    status = _cli("status", f"{jobs}/s3-1", cwd=tmp_path)
+    assert status.returncode == 0 and "completed" in status.stdout and "done" in status.stdout, status.stdout
+    report = _cli("report", f"{jobs}/s3-1", cwd=tmp_path)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert (tmp_path / "reports" / "s3-1" / "report.md").exists()
+    assert "Throughput versus cost" in report.stdout
+
+
+def _lease_held(job_dir: str) -> bool:
+    try:
+        check_not_running(job_dir)
+    except JobRunningError:
+        return True
+    return False
