@@ -14,6 +14,7 @@ Credentials and endpoints come from the file system's own settings (for S3: `AWS
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
@@ -54,12 +55,12 @@ def open_storage(location: Location) -> Storage:
 
 
 def open_input(location: Location) -> IO[bytes]:
-    """A file (local path or URL) opened for reading bytes."""
+    """A file (local path or URL) opened for reading bytes, with the full `io` API (fsspec's files
+    lack `readline(size)`, which the JSONL reader's size limit needs)."""
     if not is_url(location):
         return open(os.fspath(location), "rb")  # noqa: SIM115 - the caller closes it
-    import fsspec
-
-    return fsspec.open(os.fspath(location), "rb").open()
+    fs, path = _url_to_fs(os.fspath(location))
+    return io.BufferedReader(fs.open(path, "rb"), buffer_size=1 << 20)
 
 
 def input_exists(location: Location) -> bool:

@@ -122,12 +122,8 @@ def run_workers(job_dir: str) -> dict | State:
         with stop_on_signals(hooks.stop_requested) if local else nullcontext():
             if config.workers.placement == "pool":
                 result = _run_pool(job_dir, config, hooks)
-            elif choose_launcher(config.workers.num_processes) == "in-process":
-                progress = run_worker(path, config, run_id=run_id, stop_requested=hooks.stop_requested,
-                                      on_round=hooks.on_round)
-                result = LaunchResult("in-process", 1, hooks.stop_requested.is_set(), progress, None)
             else:
-                result = _launch_local(path, config, run_id, hooks)
+                result = _run_local(path, config, run_id, hooks)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     except Exception as error:
@@ -156,15 +152,18 @@ def _run_pool(job_dir: str, config: JobConfig, hooks: LocalHooks) -> LaunchResul
     return LaunchResult("pool", pool.num_slots, pool.stopped, pool.progress, None)
 
 
-def _launch_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: LocalHooks) -> LaunchResult:
-    """Worker processes on this machine; on an object store the flow marks their shards (workers
-    never write a manifest there)."""
-    if not is_url(job_dir):
-        return launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
+def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: LocalHooks) -> LaunchResult:
+    """The worker group on this machine. On an object store the flow marks the shards (workers never
+    write a manifest there)."""
     num = config.workers.num_processes
-    shards = load_manifest(job_dir).shards
+    shards = load_manifest(job_dir).shards if is_url(job_dir) else []
     mark_shards(job_dir, {s.name: i % num for i, s in enumerate(shards) if s.status != "done"}, "running")
-    result = launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
+    if choose_launcher(num) == "in-process":
+        progress = run_worker(job_dir, config, run_id=run_id, stop_requested=hooks.stop_requested,
+                              on_round=hooks.on_round)
+        result = LaunchResult("in-process", 1, hooks.stop_requested.is_set(), progress, None)
+    else:
+        result = launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
     if not result.stopped:
         mark_shards(job_dir, {s.name: i % num for i, s in enumerate(shards)}, "done")
     return result

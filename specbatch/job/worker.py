@@ -172,6 +172,8 @@ def _mark_shards(job_dir: Location, names: list[str], status: str, worker_id: in
 
 def mark_shards(job_dir: Location, workers: dict[str, int], status: str) -> None:
     """Set the status (and worker) of the shards named in `workers` (shard name -> worker id)."""
+    if not workers:
+        return
 
     def change(manifest):
         for shard in manifest.shards:
