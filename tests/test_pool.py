@@ -116,7 +116,8 @@ def test_pool_job_over_two_workers_survives_a_killed_worker(tmp_path, tiny_pair)
             results = ledger.read_table(job, "results").to_pylist()
             worker_ids = set(ledger.read_table(job, "rounds").column("worker_id").to_pylist())
             manifest = json.loads(S3FileSystem().cat_file(f"{job}/manifest.json"))
-            runs = subprocess.run([PREFECT, "--no-prompt", "flow-run", "ls", "--limit", "20"], env=env,
+            runs = subprocess.run([PREFECT, "--no-prompt", "flow-run", "ls", "--limit", "20"],
+                                  env={**env, "COLUMNS": "300"},
                                   capture_output=True, text=True, timeout=120).stdout
         finally:
             stop_groups(workers, grace_s=30)
@@ -129,7 +130,7 @@ def test_pool_job_over_two_workers_survives_a_killed_worker(tmp_path, tiny_pair)
     assert worker_ids == {0, 1}
     assert _outputs([row for row in results if row["status"] == "completed"]) == expected
     assert manifest["status"] == "done" and {s["status"] for s in manifest["shards"]} == {"done"}
-    assert "Crashed" in runs, runs  # the killed worker's flow run
+    assert runs.count("specbatch-worker") == 3 and "CRASHED" in runs, runs  # the killed run, and its successor
     assert status.returncode == 0 and "completed" in status.stdout, status.stdout + status.stderr
     assert report.returncode == 0 and (tmp_path / "reports" / "pool-1" / "report.md").exists(), report.stderr
 
