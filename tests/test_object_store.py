@@ -17,12 +17,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from job_helpers import write_config, write_jsonl
-from s3_server import make_bucket, s3_server
 from test_ledger import _request, _result, _round
 
 from specbatch import ledger
 from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
 from specbatch.job.lock import JobRunningError, check_not_running, job_lock
+from specbatch.lab.services import make_bucket, s3_server
 from specbatch.storage import ObjectStorage, open_storage
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(3):", "Speculative decoding"]

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 from job_helpers import submit, write_config, write_jsonl
-from s3_server import make_bucket, s3_server
 from test_deployment import _env, _prefect, _start, _wait_healthy
 
 from specbatch import ledger
 from specbatch.job.processes import free_port, stop_groups
+from specbatch.lab.services import make_bucket, s3_server
 
 pytestmark = pytest.mark.deployment
 

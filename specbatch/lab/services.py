@@ -1,6 +1,7 @@
-"""A real S3-compatible server for the tests: `moto`'s server mode on 127.0.0.1 (a free port), in its
-own process group, with the credentials and endpoint in the environment (`AWS_*`), the way a user
-points specbatch at an object store."""
+"""Services the object-store tests and `benchmarks/pool_bench.py` start on this machine: an
+S3-compatible server (`moto`'s server mode, a test extra) and a Prefect server, each on 127.0.0.1 (a
+free port), in its own process group, stopped when the block ends. The S3 credentials and endpoint go
+into the environment (`AWS_*`), the way a user points specbatch at an object store."""
 
 from __future__ import annotations
 
@@ -49,13 +50,34 @@ def make_bucket(name: str) -> str:
     return f"s3://{name}"
 
 
+@contextmanager
+def prefect_server(home: Path) -> Iterator[dict[str, str]]:
+    """`prefect server start` with its state in HOME; yields the environment that reaches it."""
+    port = free_port()
+    env = {"PREFECT_HOME": str(home), "PREFECT_PROFILES_PATH": str(home / "profiles.toml"),
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "DO_NOT_TRACK": "1", "PREFECT_UI_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1"}
+    home.mkdir(parents=True, exist_ok=True)
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    with (home / "server.log").open("ab") as out:
+        server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                  env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_up(f"{env['PREFECT_API_URL']}/health", server, timeout_s=180)
+        yield env
+    finally:
+        stop_groups([server], grace_s=30)
+
+
 def _wait_up(url: str, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert server.poll() is None, "moto server exited"
+        if server.poll() is not None:
+            raise RuntimeError(f"{server.args!r} exited with {server.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
         except OSError:
             time.sleep(0.2)
-    raise AssertionError("moto server did not start")
+    raise RuntimeError(f"nothing answered at {url} within {timeout_s:.0f} s")
