@@ -9,6 +9,7 @@ the bundled pair, then runs `specbatch submit` once per configuration, one after
     s3-1       job and dataset on the object store, one worker in the flow's process
     pool-1     object store, workers.placement=pool, one slot
     pool-2     object store, workers.placement=pool, two slots
+    pool-2-t1  as pool-2, one CPU thread per worker run (both "machines" share this machine's cores)
 
 Per run: wall time of the submit command, records/s over it, the work span (the longest worker's
 first round start to last round end, each on its own clock) and the overhead (wall minus work span:
@@ -43,6 +44,8 @@ RUNS = {  # name -> (on the object store, --set overrides)
     "s3-1": (True, []),
     "pool-1": (True, ["workers.placement=pool", "workers.slots=1", f"workers.pool={POOL}"]),
     "pool-2": (True, ["workers.placement=pool", "workers.slots=2", f"workers.pool={POOL}"]),
+    # both "machines" are this one: one thread per worker run, as local-2 splits the cores
+    "pool-2-t1": (True, ["workers.placement=pool", "workers.slots=2", f"workers.pool={POOL}", "models.num_threads=1"]),
 }
 
 

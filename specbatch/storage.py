@@ -51,7 +51,9 @@ def location_name(location: Location) -> str:
 
 
 def open_storage(location: Location) -> Storage:
-    return ObjectStorage(os.fspath(location)) if is_url(location) else LocalStorage(Path(os.fspath(location)))
+    if is_url(location):
+        return ObjectStorage(os.fspath(location))
+    return LocalStorage(Path(os.fspath(location).removeprefix("file://")))
 
 
 def open_input(location: Location) -> IO[bytes]:

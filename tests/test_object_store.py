@@ -169,3 +169,24 @@ def test_a_job_on_an_object_store_runs_reports_and_refuses_a_second_runner(bucke
     assert report.returncode == 0, report.stdout + report.stderr
     assert (tmp_path / "reports" / "s3-1" / "report.md").exists()
     assert "Throughput versus cost" in report.stdout
+
+
+def test_unusable_object_store_jobs_exit_2_before_any_work(bucket, tiny_pair, tmp_path):
+    from s3fs import S3FileSystem
+
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", [{"id": "p0", "prompt": PROMPTS[0], "max_new_tokens": 4}])
+    S3FileSystem().put_file(str(dataset), f"{bucket}/prompts.jsonl")
+    config = str(write_config(tmp_path, tiny_pair))
+    missing = _cli("submit", f"{bucket}/nothing-here.jsonl", "--config", config, "--output", f"{bucket}/jobs",
+                   cwd=tmp_path)
+    assert missing.returncode == 2 and "dataset not found" in missing.stderr, missing.stderr
+    no_bucket = _cli("submit", f"{bucket}/prompts.jsonl", "--config", config, "--job-id", "nb", "--output",
+                     "s3://no-such-bucket/jobs", cwd=tmp_path)
+    assert no_bucket.returncode == 2 and "no-such-bucket" in no_bucket.stderr, no_bucket.stderr
+    local_pool = _cli("submit", f"{bucket}/prompts.jsonl", "--config", config, "--job-id", "lp", "--output",
+                      str(tmp_path / "jobs"), "--set", "workers.placement=pool", cwd=tmp_path)
+    assert local_pool.returncode == 2 and "object-store" in local_pool.stderr, local_pool.stderr
+    no_server = _cli("submit", f"{bucket}/prompts.jsonl", "--config", config, "--job-id", "ns", "--output",
+                     f"{bucket}/jobs", "--set", "workers.placement=pool", cwd=tmp_path)
+    assert no_server.returncode == 2 and "PREFECT_API_URL" in no_server.stderr, no_server.stderr
+    assert not S3FileSystem().exists(f"{bucket}/jobs/ns/manifest.json")  # refused before ingest

@@ -17,6 +17,7 @@ ingest to the end: a second runner of the same job ends `UnusableInput` at once.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -40,8 +41,9 @@ from specbatch.data.ingest import DatasetError, resolve_dataset
 from specbatch.engine.loading import ModelLoadError, resolve_model_path
 from specbatch.job.finalize import DONE_STATUSES, JobSummary, finalize
 from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, stop_on_signals
-from specbatch.job.lock import JobRunningError, job_lock
+from specbatch.job.lock import job_lock
 from specbatch.job.manifest import ManifestError, load_manifest
+from specbatch.job.prefect_local import TEMPORARY_SERVER_ENV
 from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
 from specbatch.job.worker import WorkerProgress, mark_shards, run_worker
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
@@ -143,13 +145,22 @@ def run_workers(job_dir: str) -> dict | State:
 def _run_pool(job_dir: str, config: JobConfig, hooks: LocalHooks) -> LaunchResult:
     from specbatch.job.pool import run_pool_workers
 
-    if not is_url(job_dir):
-        raise JobError(f"workers.placement=pool needs a job directory every machine reaches: an object-store "
-                       f"URL such as s3://bucket/jobs for --output, not {job_dir}")
     context = FlowRunContext.get()
     parent_key = str(context.flow_run.id) if context is not None and context.flow_run is not None else "local"
     pool = run_pool_workers(job_dir, config, parent_key, hooks.stop_requested, hooks.on_round)
     return LaunchResult("pool", pool.num_slots, pool.stopped, pool.progress, None)
+
+
+def check_placement(config: JobConfig, job_dir: str) -> None:
+    """A `pool` job needs a job directory every machine reaches and a Prefect server its workers poll."""
+    if config.workers.placement != "pool":
+        return
+    if not is_url(job_dir):
+        raise JobError(f"workers.placement=pool needs a job directory every machine reaches: an object-store "
+                       f"URL such as s3://bucket/jobs for --output, not {job_dir}")
+    if not os.environ.get("PREFECT_API_URL") or os.environ.get(TEMPORARY_SERVER_ENV) == "1":
+        raise JobError("workers.placement=pool needs a Prefect server whose work pool the machines' workers "
+                       "poll: set PREFECT_API_URL (see docs/deployment.md)")
 
 
 def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: LocalHooks) -> LaunchResult:
@@ -198,13 +209,14 @@ def specbatch_job(
     try:
         job_config = load_config(Path(config) if config else None, overrides or [])
         job_dir = join(output, check_job_id(job_id or default_job_id()))
+        check_placement(job_config, job_dir)
     except USAGE_ERRORS as error:
         return _unusable(str(error))
     logger.info("job directory %s", job_dir if is_url(job_dir) else Path(job_dir).resolve())
     try:
         with job_lock(job_dir, lease_s=job_config.workers.lease_s):  # held through ingest and finalize
             return _run_job(dataset, job_dir, job_config, force, dataset_format, column_map)
-    except JobRunningError as error:
+    except JobError as error:  # running elsewhere, or its lease cannot be written
         return _unusable(str(error))
 
 

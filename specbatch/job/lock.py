@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from specbatch.job.lease import LeaseHeldError, check_lease, hold_lease
@@ -41,11 +41,15 @@ def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -
     """Hold JOB_DIR/.job.lock (a job on an object store: its lease) for the whole run, or raise
     `JobRunningError` within `wait_s`."""
     if is_url(job_dir):
+        lease = ExitStack()
         try:
-            with hold_lease(open_storage(job_dir), LEASE_FOLDER, lease_s, wait_s):
-                yield
+            lease.enter_context(hold_lease(open_storage(job_dir), LEASE_FOLDER, lease_s, wait_s))
         except LeaseHeldError as error:
             raise _running(location_name(job_dir), error) from None
+        except Exception as error:  # no such bucket, no credentials, endpoint unreachable
+            raise JobError(f"cannot take the lease of job {location_name(job_dir)} at {job_dir}: {error}") from error
+        with lease:
+            yield
         return
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +70,8 @@ def check_not_running(job_dir: Location) -> None:
             check_lease(open_storage(job_dir), LEASE_FOLDER)
         except LeaseHeldError as error:
             raise _running(location_name(job_dir), error) from None
+        except Exception as error:  # no such bucket, no credentials, endpoint unreachable
+            raise JobError(f"cannot read job {location_name(job_dir)} at {job_dir}: {error}") from error
         return
     path = Path(job_dir) / LOCK_NAME
     if not path.exists():

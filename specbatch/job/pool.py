@@ -28,11 +28,13 @@ from typing import Any
 from prefect import flow, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 
 from specbatch.config import JobConfig
 from specbatch.job.launch import LedgerWatcher, WorkerGroupError
 from specbatch.job.manifest import load_manifest
+from specbatch.job.prepare import JobError
 from specbatch.job.worker import WorkerProgress, mark_shards, run_worker
 from specbatch.storage import location_name
 
@@ -52,7 +54,15 @@ def specbatch_worker(job_dir: str, worker_id: int, num_workers: int, run_id: str
 
 def register_worker_deployment(pool: str) -> str:
     """Create or update the deployment `specbatch-worker/POOL` on work pool POOL; returns its name."""
+    from prefect.exceptions import ObjectNotFound
     from prefect.types.entrypoint import EntrypointType
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            raise JobError(f"there is no work pool {pool!r} on {PREFECT_API_URL.value()}: create it with "
+                           f"`prefect work-pool create {pool} --type process`, or set workers.pool") from None
 
     deployment: Any = specbatch_worker.to_deployment(
         name=pool, entrypoint_type=EntrypointType.MODULE_PATH,
@@ -102,6 +112,7 @@ def run_pool_workers(
         _start(slot, deployment, job_dir, parent_key, len(slots), names)
     cancelled = False
     with get_client(sync_client=True) as client:
+        _warn_without_workers(client, config.workers.pool)
         while not all(slot.done for slot in slots):
             if stop_requested.is_set() and not cancelled:
                 _cancel(client, slots)  # then wait for the workers to commit and end
@@ -140,6 +151,16 @@ def _start(slot: _Slot, deployment: str, job_dir: str, parent_key: str, num_slot
     slot.run = run
     names[slot.worker_id].append(run.name)
     log.info("worker %d of %d: flow run %s (%s)", slot.worker_id, num_slots, run.name, key)
+
+
+def _warn_without_workers(client: Any, pool: str) -> None:
+    """Worker runs wait in the pool until a Prefect worker polls it: say so when none is online."""
+    from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
+
+    is_online = WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
+    if not client.read_workers_for_work_pool(pool, worker_filter=is_online):
+        log.warning("no Prefect worker is polling work pool %r yet; the worker runs wait until one starts "
+                    "(`prefect worker start --pool %s --limit 1` on each machine)", pool, pool)
 
 
 def _cancel(client: Any, slots: list[_Slot]) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from specbatch.job.processes import free_port, spawn, stop_groups, tail
 
 STARTUP_TIMEOUT_S = 120.0
+TEMPORARY_SERVER_ENV = "SPECBATCH_TEMPORARY_PREFECT"  # "1" while PREFECT_API_URL names the temporary server
 
 QUIET = {
     "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "CRITICAL",  # Prefect's console handler (root logger too)
@@ -134,5 +135,6 @@ def start_local_prefect(output: Path) -> LocalServer | None:
         return None
     server = LocalServer(Path(env["PREFECT_HOME"]))
     os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ[TEMPORARY_SERVER_ENV] = "1"
     server.start()
     return server
