@@ -105,7 +105,7 @@ def run_worker(
     job_dir = job_dir if is_url(job_dir) else Path(job_dir)
     stop_requested = stop_requested or threading.Event()
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S")
-    with worker_lock(job_dir, worker_id, lease_s=config.workers.lease_s):  # one runner per worker id
+    with worker_lock(job_dir, worker_id, lease_s=config.workers.lease_s) as lease_lost:  # one runner per id
         remove_orphan_parts(job_dir, worker_id)
         done = committed_request_ids(job_dir, DONE_STATUSES)  # cancelled rows, even late ones, run again
         names = my_shards(job_dir, worker_id, num_workers)
@@ -126,15 +126,24 @@ def run_worker(
                 break
             _count(engine.step(), progress)
             crash_point("round")
+            _check_lease(lease_lost, worker_id)
             _record_part(job_dir, writer.maybe_flush())
             if on_round is not None:
                 on_round(progress)
         if stop_requested.is_set():
             _count(engine.cancel_all(), progress)
+        _check_lease(lease_lost, worker_id)
         _record_part(job_dir, writer.flush())
         if exhausted and not engine.scheduler.has_work:
             _mark_shards(job_dir, names, "done", worker_id)
         return progress
+
+
+def _check_lease(lease_lost: Callable[[], bool], worker_id: int) -> None:
+    """A worker whose lease was taken over (it stalled past its expiry) stops before committing more."""
+    if lease_lost():
+        raise RuntimeError(f"worker {worker_id} lost its lease to a newer run of the same worker id; "
+                           "stopping without committing (the other run owns these requests now)")
 
 
 def _admit_next(engine: Engine, feed: Iterator[tuple[str, Request]], progress: WorkerProgress) -> bool:
@@ -225,15 +234,17 @@ def _placement(args: argparse.Namespace, config: JobConfig) -> tuple[int, int, s
 
 
 @contextmanager
-def worker_lock(job_dir: Location, worker_id: int, timeout_s: float = 60.0, lease_s: float = 30.0) -> Iterator[None]:
+def worker_lock(job_dir: Location, worker_id: int, timeout_s: float = 60.0,
+                lease_s: float = 30.0) -> Iterator[Callable[[], bool]]:
     """Hold JOB_DIR/.worker-NN.lock: a worker waits for a stale one with its id (a killed launcher's
     child still committing) instead of writing the same requests beside it. On an object store, the
-    lease `.worker-NN-lease/`; a killed worker's lease expires `lease_s` after its last renewal."""
+    lease `.worker-NN-lease/`; a killed worker's lease expires `lease_s` after its last renewal.
+    Yields a check that says whether the lease was lost (taken over; never on a local disk)."""
     if is_url(job_dir):
         try:
             with hold_lease(open_storage(job_dir), f".worker-{worker_id:02d}-lease", lease_s,
-                            wait_s=max(timeout_s, 2 * lease_s)):
-                yield
+                            wait_s=max(timeout_s, 2 * lease_s)) as lease:
+                yield lambda: lease.lost
         except LeaseHeldError as error:
             raise RuntimeError(f"worker {worker_id} of {job_dir} is still running ({error})") from None
         return
@@ -248,7 +259,7 @@ def worker_lock(job_dir: Location, worker_id: int, timeout_s: float = 60.0, leas
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"worker {worker_id} of {job_dir} is still running") from None
                 time.sleep(0.5)
-        yield
+        yield lambda: False
 
 
 if __name__ == "__main__":
