@@ -45,7 +45,7 @@ from specbatch.job.lock import job_lock
 from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prefect_local import TEMPORARY_SERVER_ENV
 from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
-from specbatch.job.worker import WorkerProgress, mark_shards, run_worker
+from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
 from specbatch.storage import is_url, join, location_name, open_storage
 
@@ -167,16 +167,16 @@ def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: Local
     """The worker group on this machine. On an object store the flow marks the shards (workers never
     write a manifest there)."""
     num = config.workers.num_processes
-    shards = load_manifest(job_dir).shards if is_url(job_dir) else []
-    mark_shards(job_dir, {s.name: i % num for i, s in enumerate(shards) if s.status != "done"}, "running")
+    if is_url(job_dir):
+        mark_group_shards(job_dir, num, "running")
     if choose_launcher(num) == "in-process":
         progress = run_worker(job_dir, config, run_id=run_id, stop_requested=hooks.stop_requested,
                               on_round=hooks.on_round)
         result = LaunchResult("in-process", 1, hooks.stop_requested.is_set(), progress, None)
     else:
         result = launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
-    if not result.stopped:
-        mark_shards(job_dir, {s.name: i % num for i, s in enumerate(shards)}, "done")
+    if is_url(job_dir) and not result.stopped:
+        mark_group_shards(job_dir, num, "done")
     return result
 
 

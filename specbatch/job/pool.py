@@ -35,7 +35,7 @@ from specbatch.config import JobConfig
 from specbatch.job.launch import LedgerWatcher, WorkerGroupError
 from specbatch.job.manifest import load_manifest
 from specbatch.job.prepare import JobError
-from specbatch.job.worker import WorkerProgress, mark_shards, run_worker
+from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
 from specbatch.storage import location_name
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,7 @@ def run_pool_workers(
     deployment = register_worker_deployment(config.workers.pool)
     slots = [_Slot(worker_id) for worker_id in range(config.workers.slots)]
     names: dict[int, list[str]] = {slot.worker_id: [] for slot in slots}
-    shards = load_manifest(job_dir).shards
-    mark_shards(job_dir, {s.name: i % len(slots) for i, s in enumerate(shards) if s.status != "done"}, "running")
+    mark_group_shards(job_dir, len(slots), "running")
     watcher = LedgerWatcher(job_dir)
     for slot in slots:
         _start(slot, deployment, job_dir, parent_key, len(slots), names)
@@ -138,7 +137,7 @@ def run_pool_workers(
             if on_round is not None and watcher.is_due():
                 on_round(watcher.poll())
     if not stop_requested.is_set():
-        mark_shards(job_dir, {s.name: i % len(slots) for i, s in enumerate(shards)}, "done")
+        mark_group_shards(job_dir, len(slots), "done")
     return PoolResult(len(slots), stop_requested.is_set(), watcher.poll(), names)
 
 

@@ -176,18 +176,25 @@ def _record_part(job_dir: Location, name: str | None) -> None:
 def _mark_shards(job_dir: Location, names: list[str], status: str, worker_id: int) -> None:
     if is_url(job_dir):
         return  # only the job's lease holder writes a manifest on an object store
-    mark_shards(job_dir, {name: worker_id for name in names}, status)
-
-
-def mark_shards(job_dir: Location, workers: dict[str, int], status: str) -> None:
-    """Set the status (and worker) of the shards named in `workers` (shard name -> worker id)."""
-    if not workers:
-        return
+    wanted = set(names)
 
     def change(manifest):
         for shard in manifest.shards:
-            if shard.name in workers:
-                shard.status, shard.worker_id = status, workers[shard.name]
+            if shard.name in wanted:
+                shard.status, shard.worker_id = status, worker_id
+
+    update_manifest(job_dir, change)
+
+
+def mark_group_shards(job_dir: Location, num_workers: int, status: str) -> None:
+    """Mark the job's shards `status`, shard i with worker i % num_workers (as `my_shards` deals them);
+    marking them `running` leaves `done` shards as they are. The flow does this for its workers on an
+    object store."""
+
+    def change(manifest):
+        for index, shard in enumerate(manifest.shards):
+            if status != "running" or shard.status != "done":
+                shard.status, shard.worker_id = status, index % num_workers
 
     update_manifest(job_dir, change)
 

@@ -103,12 +103,10 @@ def connect(
     if baseline is not None and location_name(baseline) not in names:
         raise ReportError(f"baseline {baseline!r} is not one of the jobs {names}")
     con = con or duckdb.connect()
-    registered: set[str | None] = set(con.list_filesystems())
-    for job_dir in job_dirs:
-        storage = open_storage(job_dir)
-        name = storage.fs.protocol[0] if isinstance(storage, ObjectStorage) else None
-        if isinstance(storage, ObjectStorage) and name not in registered:  # one per protocol (s3, gs, ...)
-            registered.add(name)
+    registered = set(con.list_filesystems())
+    for storage in map(open_storage, job_dirs):
+        if isinstance(storage, ObjectStorage) and storage.fs.protocol[0] not in registered:  # one per protocol
+            registered.add(storage.fs.protocol[0])
             con.register_filesystem(storage.fs)  # DuckDB reads s3://... through the same fsspec file system
     con.execute("SET VARIABLE job_dir = ?", [",".join(str(d) for d in job_dirs)])
     if baseline is not None:
