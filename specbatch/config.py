@@ -111,6 +111,7 @@ class _Section(BaseModel):
 class ModelsConfig(_Section):
     target: str = "bundled:target"
     draft: str | None = "bundled:draft"
+    eagle: str | None = "bundled:eagle"  # an EAGLE-3 head in the public layout (drafter.kind = eagle)
     tokenizer: str | None = None  # defaults to the target's directory
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
@@ -130,7 +131,7 @@ class ModelsConfig(_Section):
 
 
 class DrafterConfig(_Section):
-    kind: Literal["draft", "ngram", "none"] = "draft"
+    kind: Literal["draft", "eagle", "ngram", "none"] = "draft"
     ngram_max: int = Field(default=3, ge=1, le=8)
     ngram_min: int = Field(default=1, ge=1, le=8)
 

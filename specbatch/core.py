@@ -172,6 +172,9 @@ class Proposals:
     tokens: list[list[int]]  # per row, at most its k
     draft_probs: list[Any]  # per row: the warped q it sampled from, a [len(tokens), vocab] tensor; None = point mass
     num_fed: list[int] = field(default_factory=list)  # per row: positions fed to the draft model (its draft rows)
+    # per row: how many of the fed positions the draft cache keeps once accepted; empty: all of them. An
+    # EAGLE head keeps only positions fed with the target's features, not those drafted from its own
+    num_kept: list[int] = field(default_factory=list)
     num_draft_rows: int = 0
     num_padded_draft_rows: int = 0
     num_passes: int = 0
@@ -185,6 +188,7 @@ class RowOutcome:
     num_accepted: int
     emitted: list[int]  # accepted drafts + correction-or-bonus token, before stops
     num_draft_fed: int = 0  # positions the draft model computed for this row while drafting
+    num_draft_kept: int | None = None  # of those, the draft cache may keep (None: all)
 
 
 @dataclass

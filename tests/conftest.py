@@ -103,3 +103,18 @@ def small_vocab_pair(tmp_path_factory):
                          initializer_range=0.3, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     target = LlamaForCausalLM(config).eval()
     return save_pair(root, target, perturbed_copy(target, 0.5, seed=8), make_tokenizer(), tokenizer_apart=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle(tiny_pair, tmp_path_factory):
+    """An EAGLE-3 head for tiny_pair's target (public layout), over a reduced, shifted draft vocabulary."""
+    from eagle_helpers import make_head
+
+    return make_head(tiny_pair[0], tmp_path_factory.mktemp("tiny_eagle"), (0, 1, 1), draft_vocab=300)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_eagle(small_vocab_pair, tmp_path_factory):
+    from eagle_helpers import make_head
+
+    return make_head(small_vocab_pair[0], tmp_path_factory.mktemp("small_vocab_eagle"), (0, 0, 0), train_steps=30)

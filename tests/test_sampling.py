@@ -70,7 +70,7 @@ def exact_law(model, prompt: list[int], num_tokens: int, temperature: float, top
 
 
 def sample_outputs(small_vocab_pair, drafter: str, coupling: str, num_tokens: int, temperature: float,
-                   top_p: float, trials: int, max_new_tokens: int | None = None):
+                   top_p: float, trials: int, max_new_tokens: int | None = None, eagle=None):
     """`trials` seeded requests through the engine (max_new_tokens defaults to num_tokens), and the
     exact law of their first `num_tokens` tokens."""
     from engine_helpers import tiny_config
@@ -80,7 +80,7 @@ def sample_outputs(small_vocab_pair, drafter: str, coupling: str, num_tokens: in
     from specbatch.loop import MemoryRecorder
 
     config = tiny_config(small_vocab_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3",
-                         f"sampling.coupling={coupling}", "scheduler.max_batch_rows=64")
+                         f"sampling.coupling={coupling}", "scheduler.max_batch_rows=64", f"models.eagle={eagle}")
     models = load_models(config)
     recorder = MemoryRecorder()
     engine = build_hf_engine(config, models, recorder)
@@ -113,23 +113,26 @@ PROMPT = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to prop
 
 
 @pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
-@pytest.mark.parametrize("drafter,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9), ("ngram", 1.0, 1.0)])
-def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, drafter, temperature, top_p, coupling):
+@pytest.mark.parametrize("drafter,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9), ("ngram", 1.0, 1.0),
+                                                       ("eagle", 0.7, 0.9)])
+def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, small_vocab_eagle, drafter, temperature,
+                                                         top_p, coupling):
     """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
-    rows, _, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 2, temperature, top_p, 3000)
+    rows, _, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 2, temperature, top_p, 3000,
+                                         eagle=small_vocab_eagle)
     assert_follows(rows, law, vocab, 2)
     assert sum(r.num_proposed for r in rows) > 0
 
 
-@pytest.mark.slow  # 4 × ~13 s
+@pytest.mark.slow  # 6 × ~13 s
 @pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
-@pytest.mark.parametrize("drafter", ["draft", "ngram"])
-def test_a_token_after_an_accepted_draft_follows_the_target_law(small_vocab_pair, drafter, coupling):
+@pytest.mark.parametrize("drafter", ["draft", "ngram", "eagle"])
+def test_a_token_after_an_accepted_draft_follows_the_target_law(small_vocab_pair, small_vocab_eagle, drafter, coupling):
     """Requests of 4 tokens, so the round after the first token runs k = 2 and the rule also decides
     at draft position 1, after an accepted draft: the law of the first three tokens (V³ outcomes),
     the third of which that decision emits, is the target's."""
     rows, recorder, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 3, 1.0, 1.0, 4000,
-                                                max_new_tokens=4)
+                                                max_new_tokens=4, eagle=small_vocab_eagle)
     assert_follows(rows, law, vocab, 3)
     reached_second = sum(1 for step in recorder.steps if step.num_proposed >= 2 and step.num_accepted >= 1)
     assert reached_second >= 200  # the rule judged draft position 1 this often

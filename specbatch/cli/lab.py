@@ -30,6 +30,10 @@ def bench(
     prompts_file: Annotated[Path | None, typer.Option(
         help="a dataset a job could run (JSONL, Parquet, ...): its first --prompts records instead of held-out ones",
     )] = None,
+    drafters: Annotated[str, typer.Option(help="drafters to run specbatch with, comma-separated: "
+                                               "none,draft,eagle,ngram")] = "none,draft,ngram",
+    lookahead: Annotated[str, typer.Option(help="lookahead policies, comma-separated (e.g. fixed:4,adaptive); "
+                                                "default: the config's")] = "",
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
@@ -53,11 +57,16 @@ def bench(
         fail("--batch-size: every batch size must be at least 1")
     try:
         results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
-                            tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file)
+                            tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file,
+                            _names(drafters), _names(lookahead))
     except usage_errors() as error:
         fail(str(error))
     if json_path is not None:
         write_json(results, json_path)
+
+
+def _names(listed: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in listed.split(",") if name.strip())
 
 
 @commands.command()

@@ -45,6 +45,7 @@ class HFBackend:
         slot = self.slot_of.pop(row.request_id, None)
         if slot is not None:
             del self.slot_owner[slot]
+        self.drafter.forget(row.request_id)
         if finished:
             self.coupling.release(row)
 
@@ -64,6 +65,7 @@ class HFBackend:
             slots = self._slots(rows)
             _, outcome.prefill_shape = self.target.forward(slots, [r.num_computed for r in rows], chunks,
                                                            keep_logits=False)
+            self._observe(rows, [r.num_computed for r in rows], [len(chunk) for chunk in chunks])
             outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
             self._sync()
             outcome.prefill_ms = (time.perf_counter() - started) * 1000
@@ -81,6 +83,7 @@ class HFBackend:
             chunks = [[row.token_ids[-1]] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
             logits, outcome.verify_shape = self.target.forward(slots, starts, chunks)
             assert logits is not None
+            self._observe(rows, starts, [len(chunk) for chunk in chunks])
             outcome.rows = self._accept(rows, ks, logits[..., : self.vocab_size], proposals)
             outcome.verify_ms = (time.perf_counter() - started) * 1000
         return outcome
@@ -92,9 +95,14 @@ class HFBackend:
         """Catch the draft cache up to the same end as the target's; returns the draft rows computed."""
         if not self.drafter.uses_model:
             return 0
-        chunks = [row.token_ids[row.num_draft_computed : row.num_computed + size] for row, size in work]
-        shape = self.drafter.prefill(slots, [row.num_draft_computed for row, _ in work], chunks)
+        shape = self.drafter.prefill([row for row, _ in work], slots, [row.num_draft_computed for row, _ in work],
+                                     [row.num_computed + size for row, size in work])
         return shape.num_real_positions if shape else 0
+
+    def _observe(self, rows: list[Row], starts: list[int], lengths: list[int]) -> None:
+        """Hand a drafter that drafts from the target's hidden states those of the pass just run."""
+        if self.target.features is not None:
+            self.drafter.observe(rows, starts, lengths, self.target.features)
 
     def _accept(self, rows: list[Row], ks: list[int], logits: torch.Tensor, proposals: Proposals
                 ) -> list[RowOutcome]:
@@ -109,8 +117,9 @@ class HFBackend:
             else:
                 num_accepted, token = self.coupling.verify(row, drafts, proposals.draft_probs[index],
                                                            logits[index, : len(drafts) + 1])
+            kept = proposals.num_kept[index] if proposals.num_kept else None
             outcomes.append(RowOutcome(row, k, drafts, num_accepted, drafts[:num_accepted] + [token],
-                                       proposals.num_fed[index]))
+                                       proposals.num_fed[index], kept))
         return outcomes
 
     def _arrange_slots(self, decode_rows: list[Row]) -> None:

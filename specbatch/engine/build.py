@@ -14,6 +14,8 @@ from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
 from specbatch.engine.coupling import make_coupling
 from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
+from specbatch.engine.eagle import EagleHead, aux_layer_ids, load_head
+from specbatch.engine.eagle_drafter import EagleDrafter
 from specbatch.engine.forward import SlotModel
 from specbatch.engine.graphs import GraphMode, decode_step, warm_shapes
 from specbatch.engine.loading import (
@@ -36,6 +38,7 @@ class Models:
     target: PreTrainedModel
     draft: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
+    eagle: EagleHead | None = None
     _steps: dict[tuple[str, GraphMode], Callable[..., Any]] = field(default_factory=dict)
 
     def step(self, role: str, mode: GraphMode) -> Callable[..., Any]:
@@ -59,7 +62,12 @@ def load_models(config: JobConfig) -> Models:
             raise ModelLoadError("drafter.kind is 'draft' but models.draft is not set")
         check_same_tokenizer(m.target, m.draft, tokenizer, m)
         draft = load_model(m.draft, m, m.draft_device)
-    return Models(target, draft, tokenizer)
+    eagle = None
+    if config.drafter.kind == "eagle":
+        if not m.eagle:
+            raise ModelLoadError("drafter.kind is 'eagle' but models.eagle is not set")
+        eagle = load_head(m.eagle, target)
+    return Models(target, draft, tokenizer, eagle)
 
 
 def max_context(config: JobConfig, models: Models) -> int:
@@ -121,6 +129,13 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
         draft = SlotModel(models.draft, draft_cache, draft_buckets, mask_dtype, pad_decode=graphs != "eager",
                           pad_prefill=False, step=models.step("draft", graphs))
         drafter = DraftModelDrafter(draft, vocab_size, target_device)
+    elif config.drafter.kind == "eagle":
+        assert models.eagle is not None
+        head = models.eagle
+        draft_cache = SlotCache(1, num_slots, head.num_kv_heads, head.head_dim, slot_len, models.target.dtype,
+                                target_device)
+        target.feature_layers = aux_layer_ids(head.config, kv_shape(models.target).num_layers)
+        drafter = EagleDrafter(head, draft_cache, target_device)
     elif config.drafter.kind == "ngram":
         drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
     else:

@@ -2,7 +2,8 @@
 
 `DraftModelDrafter` runs a small causal LM with its own slot cache (same slots as the target),
 `NgramDrafter` looks the row's last n-gram up in its own prompt + output (prompt lookup), and
-`NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path).
+`NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path). The EAGLE-3 head,
+which drafts from the target's hidden states, is `engine/eagle_drafter.py`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ from specbatch.engine.forward import SlotModel
 class Drafter(Protocol):
     uses_model: bool
 
-    def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
-        """Fill the drafter's cache alongside the target's prefill chunks (no-op without a model)."""
+    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+        """Fill the drafter's cache with positions starts..ends alongside the target's prefill chunks
+        (no-op without a model)."""
+
+    def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
+        """The target's hidden states of a pass (only for a drafter that reads them)."""
+
+    def forget(self, request_id: str) -> None:
+        """A request left the engine (finished or preempted): drop what the drafter keeps for it."""
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
                 coupling: Coupling) -> Proposals:
@@ -31,7 +39,13 @@ class Drafter(Protocol):
 class NoDrafter:
     uses_model = False
 
-    def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
+    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+        return None
+
+    def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
+        return None
+
+    def forget(self, request_id: str) -> None:
         return None
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
@@ -60,15 +74,16 @@ class NgramDrafter(NoDrafter):
         return []
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(NoDrafter):
     uses_model = True
 
     def __init__(self, draft: SlotModel, vocab_size: int, target_device: torch.device) -> None:
         self.draft, self.vocab_size = draft, vocab_size  # vocab_size: the target's
         self.target_device = target_device  # where q and the random streams live (models.draft_device may differ)
 
-    def prefill(self, slots: list[int], num_computed: list[int], chunks: list[list[int]]) -> PassShape | None:
-        return self.draft.forward(slots, num_computed, chunks, keep_logits=False)[1]
+    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+        chunks = [row.token_ids[start:end] for row, start, end in zip(rows, starts, ends, strict=True)]
+        return self.draft.forward(slots, starts, chunks, keep_logits=False)[1]
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
                 coupling: Coupling) -> Proposals:

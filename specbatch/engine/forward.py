@@ -32,6 +32,10 @@ class SlotModel:
         self.step = model if step is None else step
         self.scratch_slot = cache.num_slots - 1  # padded batch rows write here, unless...
         self.is_free: Callable[[int], bool] = lambda slot: False  # ...the slots after the real rows are free
+        # layers whose inputs an EAGLE drafter reads: each pass then keeps them side by side in
+        # `features` [rows, query_len, len(feature_layers)·hidden] until the next pass
+        self.feature_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None
 
     @torch.no_grad()
     def forward(self, slots: list[int], starts: list[int], chunks: list[list[int]],
@@ -59,7 +63,10 @@ class SlotModel:
             cache=self.cache,
             use_cache=True,
             logits_to_keep=0 if keep_logits else 1,
+            output_hidden_states=bool(self.feature_layers),
         )
+        if self.feature_layers:
+            self.features = torch.cat([output.hidden_states[i][: len(slots)] for i in self.feature_layers], dim=-1)
         shape = PassShape(len(slots), num_bucket_rows, query_len, kv_len, sum(len(c) for c in chunks))
         return (output.logits[: len(slots)] if keep_logits else None), shape
 

@@ -102,6 +102,8 @@ def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | N
     resolve_model_path(config.models.target)
     if config.drafter.kind == "draft" and config.models.draft:
         resolve_model_path(config.models.draft)
+    if config.drafter.kind == "eagle" and config.models.eagle:
+        resolve_model_path(config.models.eagle)
 
 
 @task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES,

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from specbatch.config import JobConfig, load_config
 from specbatch.core import Row
 from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
+from specbatch.engine.eagle import load_head
 from specbatch.engine.graphs import use_compile_cache
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.loop import MemoryRecorder
@@ -214,14 +216,20 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
 def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...], config_path: Path | None = None,
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
-              job_prompts: int = 2000, prompts_file: Path | None = None) -> list[BenchResult]:
-    """Every configuration at every batch size (a grid), on the same prompts and references: the
-    held-out ones, or the first `num_prompts` records of `prompts_file` that a job would run."""
+              job_prompts: int = 2000, prompts_file: Path | None = None,
+              drafters: tuple[str, ...] = ("none", "draft", "ngram"), lookaheads: tuple[str, ...] = ()
+              ) -> list[BenchResult]:
+    """Every configuration (drafter × lookahead; `lookaheads` empty: the config's) at every batch size
+    (a grid), on the same prompts and references: the held-out ones, or the first `num_prompts`
+    records of `prompts_file` that a job would run."""
     console = console or Console()
-    for mode in graphs:  # a bad mode fails before the references run
-        load_config(config_path, [*(overrides or []), f"models.graphs={mode}"])
+    for mode, drafter, lookahead in product(graphs, drafters, lookaheads or ("",)):  # bad input fails first
+        load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
+                                  *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
     models = load_models(base)
+    if "eagle" in drafters and base.models.eagle:
+        models.eagle = load_head(base.models.eagle, models.target)
     if prompts_file is not None:
         prompts, num_dropped = file_prompts(prompts_file, base, models.tokenizer)
         prompts = prompts[:num_prompts]
@@ -237,11 +245,11 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
         run_engine(base.model_copy(update={"models": base.models.model_copy(update={"graphs": "eager"})}),
                    models, prompts[: max(batch_sizes)])
-    spec = base.scheduler.lookahead
-    k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
+    runs = [(drafter, lookahead) for drafter in drafters for lookahead in (lookaheads or ("",))
+            if drafter != "none" or lookahead == (lookaheads or ("",))[0]]  # without drafts lookahead is moot
     results: list[BenchResult] = []
     for batch_size in sorted(batch_sizes):
-        results += _bench_batch(batch_size, models, prompts, refs, config_path, overrides or [], graphs, k,
+        results += _bench_batch(batch_size, models, prompts, refs, config_path, overrides or [], graphs, runs,
                                 job_prompts)
     if models.draft is not None:
         subset = prompts[: assisted_prompts or len(prompts)]
@@ -255,30 +263,35 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
 
 
 def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], refs: dict, config_path: Path | None,
-                 overrides: list[str], graphs: tuple[str, ...], k: int, job_prompts: int) -> list[BenchResult]:
-    """One batch size's rows: hf-generate, then specbatch with each drafter in each graph mode, each
-    with its ratios to hf-generate and specbatch-none at this batch size."""
+                 overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str]], job_prompts: int
+                 ) -> list[BenchResult]:
+    """One batch size's rows: hf-generate, then specbatch with each (drafter, lookahead) in each graph
+    mode, each with its ratios to hf-generate and specbatch-none at this batch size."""
     started = time.perf_counter()
     outputs, work = run_hf_generate(models, prompts, batch_size)
     results = [bench_result("hf-generate", outputs, refs, time.perf_counter() - started, work)]
     eager_rates: dict[str, float] = {}
     for mode in graphs:
-        for drafter in ("none", "draft", "ngram"):
+        for drafter, lookahead in runs:
             config = load_config(config_path, [*overrides, f"scheduler.max_batch_rows={batch_size}",
-                                               f"drafter.kind={drafter}", f"models.graphs={mode}"])
-            if drafter == "draft" and models.draft is None:
+                                               f"drafter.kind={drafter}", f"models.graphs={mode}",
+                                               *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
+            if (drafter == "draft" and models.draft is None) or (drafter == "eagle" and models.eagle is None):
                 continue
+            spec = config.scheduler.lookahead
+            k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
+            label = drafter + (f"-{lookahead}" if lookahead and drafter != "none" else "")
             with tempfile.TemporaryDirectory(prefix="specbatch-bench-graphs-") as cache:
                 if mode != "eager":  # each row pays a cold capture, as a new job's worker does
                     torch._dynamo.reset()
                     use_compile_cache(Path(cache))
                 rows, recorder, wall_s = run_engine(config, models, prompts)
-            name = f"specbatch-{drafter}" + ("" if mode == "eager" else f"-{mode}")
+            name = f"specbatch-{label}" + ("" if mode == "eager" else f"-{mode}")
             result = summarize_engine(name, rows, recorder, refs, wall_s, 0 if drafter == "none" else k, job_prompts)
             if mode == "eager":
-                eager_rates[drafter] = result.tokens_per_s
-            elif drafter in eager_rates and result.tokens_per_s_job is not None:
-                result.ratio_vs_eager = result.tokens_per_s_job / eager_rates[drafter]
+                eager_rates[label] = result.tokens_per_s
+            elif label in eager_rates and result.tokens_per_s_job is not None:
+                result.ratio_vs_eager = result.tokens_per_s_job / eager_rates[label]
             results.append(result)
     none_rate = next((r.tokens_per_s for r in results if r.name.startswith("specbatch-none")), None)
     for result in results:

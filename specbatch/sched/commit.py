@@ -55,7 +55,8 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     accepted_end = row.num_tokens + outcome.num_accepted  # the pending token + accepted drafts are valid
     row.num_computed = accepted_end
     row.num_draft_rows += outcome.num_draft_fed
-    row.num_draft_computed = min(row.num_draft_computed + outcome.num_draft_fed, accepted_end)
+    kept = outcome.num_draft_fed if outcome.num_draft_kept is None else outcome.num_draft_kept
+    row.num_draft_computed = min(row.num_draft_computed + kept, accepted_end)
     committed = stops.commit(row, outcome.emitted)
     row.num_rounds += 1
     row.num_target_rows += 1 + num_proposed

@@ -119,7 +119,7 @@ def job_buckets(config: JobConfig) -> ShapeBuckets:
 def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedContext:
     s = config.scheduler
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
-                                uses_draft_model=config.drafter.kind == "draft")
+                                uses_draft_model=config.drafter.kind in ("draft", "eagle"))
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms)
 

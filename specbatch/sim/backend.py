@@ -56,11 +56,11 @@ class SimBackend:
     ) -> None:
         """`outputs[request_id]` = (output tokens the request generates, whether the last is EOS);
         `max_kv_len` is a slot's length (context + max lookahead + 1), the KV-length ceiling."""
-        if drafter_kind not in ("draft", "ngram", "none"):
+        if drafter_kind not in ("draft", "eagle", "ngram", "none"):
             raise ValueError(f"unknown drafter kind {drafter_kind!r}")
         self.cost, self.acceptance, self.clock, self.buckets = cost, acceptance, clock, buckets
         self.max_kv_len, self.outputs, self.seed = max_kv_len, outputs, seed
-        self.uses_draft_model = drafter_kind == "draft"
+        self.uses_draft_model = drafter_kind in ("draft", "eagle")
         self.rngs: dict[str, random.Random] = {}
         self._drafts: dict[int, list[int]] = {}  # k -> k fake draft tokens
         # DomainAcceptance is drawn inline (the same draws as `accepted_prefix`, a third of the
