@@ -268,10 +268,10 @@ def config_to_dict(config: JobConfig) -> dict[str, Any]:
 # coupling, the context, the seed, the sharding. Speed: how and where the same outputs are computed: the
 # drafter and draft model (exact speculative decoding keeps the target's law), batching, lookahead, the
 # KV budget, buckets, device, attention kernel and threads (same maths, other rounding, as under another
-# batch), processes, part flushes.
+# batch), processes, part flushes. The EAGLE head (models.eagle) is a drafter like the draft model.
 OUTPUT_FIELDS = frozenset({"models.target", "models.tokenizer", "models.dtype", "models.trust_remote_code",
                            "sampling", "capacity.max_context", "io.shard_size", "io.group_window", "seed"})
-SPEED_FIELDS = frozenset({"models.draft", "models.device", "models.draft_device", "models.graphs",
+SPEED_FIELDS = frozenset({"models.draft", "models.eagle", "models.device", "models.draft_device", "models.graphs",
                           "models.attn_implementation", "models.num_threads",
                           "drafter", "scheduler", "capacity.kv_tokens", "capacity.kv_bytes", "capacity.admission",
                           "buckets", "io.part_every_requests", "io.part_every_s", "workers"})
