@@ -126,6 +126,9 @@ class RoundPlan:
     prefill: list[tuple[Row, int]] = field(default_factory=list)  # (row, chunk tokens)
     decode: list[tuple[Row, int]] = field(default_factory=list)  # (row, lookahead k)
     plan_ms: float = 0.0  # the scheduler's own time for this plan (policies included)
+    # fill the draft cache alongside the prefill chunks; off while no row drafts, so a drafter that does
+    # not pay costs no prefill (a row that drafts later catches up: its lag, which policies count)
+    draft_prefill: bool = True
 
     @property
     def is_empty(self) -> bool:

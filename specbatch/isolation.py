@@ -50,4 +50,4 @@ def split_plan(plan: RoundPlan) -> tuple[RoundPlan, RoundPlan]:
 def _sub_plan(plan: RoundPlan, rows: list[Row], plan_ms: float) -> RoundPlan:
     wanted = {id(row) for row in rows}
     return RoundPlan([item for item in plan.prefill if id(item[0]) in wanted],
-                     [item for item in plan.decode if id(item[0]) in wanted], plan_ms)
+                     [item for item in plan.decode if id(item[0]) in wanted], plan_ms, plan.draft_prefill)

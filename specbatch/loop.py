@@ -137,7 +137,9 @@ class Engine:
             self.record_finished(row)
         commit_ms = (time.perf_counter() - commit_started) * 1000
         round_ms = (self.clock() - started_s) * 1000  # the engine's clock: wall time, or virtual in the simulator
-        self.recorder.add_round(self._round_record(plan, outcome, commit, started_s, commit_ms, round_ms))
+        record = self._round_record(plan, outcome, commit, started_s, commit_ms, round_ms)
+        self.recorder.add_round(record)
+        self.scheduler.ctx.observe_round(record)
         self.num_rounds += 1
         return commit.finished
 

@@ -66,14 +66,16 @@ class HFBackend:
             _, outcome.prefill_shape = self.target.forward(slots, [r.num_computed for r in rows], chunks,
                                                            keep_logits=False)
             self._observe(rows, [r.num_computed for r in rows], [len(chunk) for chunk in chunks])
-            outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
+            if plan.draft_prefill:
+                outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
             self._sync()
             outcome.prefill_ms = (time.perf_counter() - started) * 1000
         if plan.decode:
             decode = sorted(plan.decode, key=lambda item: self.slot_of[item[0].request_id])  # slots 0..D-1: a view
             rows, ks = [row for row, _ in decode], [k for _, k in decode]
             slots, starts = self._slots(rows), [plan.computed_after_prefill(row) for row in rows]
-            draft_starts = [start if row.num_computed < start else row.num_draft_computed  # prefilled alongside
+            alongside = outcome.num_draft_prefill_rows > 0  # this round's prefill filled the draft cache too
+            draft_starts = [start if alongside and row.num_computed < start else row.num_draft_computed
                             for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
             proposals = outcome.proposals = self.drafter.propose(rows, ks, slots, draft_starts, self.coupling)

@@ -186,8 +186,10 @@ def save_head(head: EagleHead, directory: Path, target: PreTrainedModel | None =
     if target is not None:
         config["specbatch_target_fingerprint"] = target_fingerprint(target)
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # a head over the target's whole vocabulary has no token maps: vLLM's loader refuses d2t there
+    skipped = ("embed_tokens.", "rotary.", *(("d2t", "t2d") if head.draft_vocab_size == head.config.vocab_size else ()))
     state = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()
-             if not name.startswith(("embed_tokens.", "rotary."))}
+             if not name.startswith(skipped)}
     save_file(state, str(directory / "model.safetensors"))
 
 

@@ -80,9 +80,8 @@ class EagleDrafter:
             proposals.num_kept[i] = ends[row_index] - starts[i] if starts[i] < ends[row_index] else 0
         step = 0
         while True:
-            logits = self.head.to_target_vocab(self.head.draft_logits(outputs)).to(self.target_device)
-            for row_index, i in enumerate(active):
-                token, q = self._pick(rows[i], len(proposals.tokens[i]), logits[row_index], coupling)
+            for i, (token, q) in zip(active, self._pick([rows[i] for i in active], [len(proposals.tokens[i])
+                                                         for i in active], outputs, coupling), strict=True):
                 proposals.tokens[i].append(token)
                 if q is not None:
                     q_rows[i].append(q)
@@ -157,10 +156,19 @@ class EagleDrafter:
         proposals.num_padded_draft_rows += shape.num_padded_positions
         proposals.num_passes += 1
 
-    @staticmethod
-    def _pick(row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling
-              ) -> tuple[int, torch.Tensor | None]:
-        """The row's next draft token from logits over the target's vocabulary, and its q."""
-        if row.params.is_greedy:
-            return int(logits.argmax()), None
-        return coupling.draft(row, row.num_output_tokens + draft_index, logits)
+    def _pick(self, rows: list[Row], draft_indices: list[int], outputs: torch.Tensor, coupling: Coupling
+              ) -> list[tuple[int, torch.Tensor | None]]:
+        """Each row's next draft token and its q, from the head's outputs [rows, hidden]. Greedy rows
+        take the argmax over the draft vocabulary, mapped to a target id (the same token as the argmax
+        over the target's vocabulary, where every other id is -inf), all rows with one transfer."""
+        draft_logits = self.head.draft_logits(outputs)
+        greedy = draft_logits.argmax(dim=-1)
+        greedy_ids = (greedy + self.head.d2t[greedy]).tolist()
+        picks: list[tuple[int, torch.Tensor | None]] = []
+        for index, (row, draft_index) in enumerate(zip(rows, draft_indices, strict=True)):
+            if row.params.is_greedy:
+                picks.append((greedy_ids[index], None))
+            else:
+                logits = self.head.to_target_vocab(draft_logits[index]).to(self.target_device)
+                picks.append(coupling.draft(row, row.num_output_tokens + draft_index, logits))
+        return picks

@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specbatch.core import RoundPlan, Row
+from specbatch.records import RoundRecord
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sched.estimates import AcceptanceStats, AlphaTracker, expected_tokens
+from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.roundcost import RoundCostModel
 
 
@@ -24,6 +26,8 @@ class SchedContext:
     num_running: int = 0
     recent_k: float = 0.0  # moving average of the mean planned k over decode rows
     num_plans: int = 0  # plans made so far: a version for per-round caches
+    cost_fit: OnlineCostFit | None = None  # refits round_cost on the rounds run (scheduler.learn_cost)
+    drafting: bool = True  # whether the last round with decode rows drafted for any of them
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,6 +50,12 @@ class SchedContext:
         if plan.decode:
             mean_k = sum(k for _, k in plan.decode) / len(plan.decode)
             self.recent_k += smoothing * (mean_k - self.recent_k)
+            self.drafting = any(k > 0 for _, k in plan.decode)
+
+    def observe_round(self, record: RoundRecord) -> None:
+        """A round ran: with learn_cost, its measured time refines the round-time model."""
+        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record)) is not None:
+            self.round_cost.cost = refitted
 
     def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s

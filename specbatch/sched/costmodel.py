@@ -64,11 +64,11 @@ class CostModel:
             raise ValueError("need at least two rounds to fit a cost model")
         design = np.column_stack([np.ones(len(y)), x])
         weights = 1.0 / np.maximum(y, 1e-3)
-        coefficients = _nonnegative_lstsq(design * weights[:, None], y * weights)
+        coefficients = nonnegative_lstsq(design * weights[:, None], y * weights)
         relative = np.abs(design @ coefficients - y) * weights
         typical = relative <= max(0.5, 5 * float(np.median(relative)))
         if 2 <= typical.sum() < len(y):
-            coefficients = _nonnegative_lstsq(design[typical] * weights[typical, None], y[typical] * weights[typical])
+            coefficients = nonnegative_lstsq(design[typical] * weights[typical, None], y[typical] * weights[typical])
             relative = np.abs(design @ coefficients - y) * weights
         intercept, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read = coefficients.tolist()
         return cls(intercept, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read,
@@ -82,7 +82,7 @@ class CostModel:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with every coefficient ≥ 0: drop the most negative feature, refit, repeat."""
     active = list(range(x.shape[1]))
     while True:

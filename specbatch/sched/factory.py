@@ -13,6 +13,7 @@ from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
 from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead
+from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.order import LapsSd, SpecbatchOrder
 from specbatch.sched.policies import (
     Fcfs,
@@ -121,7 +122,8 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
                                 uses_draft_model=config.drafter.kind in ("draft", "eagle"))
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
-                        max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms)
+                        max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
+                        cost_fit=OnlineCostFit(round_cost.cost) if s.learn_cost else None)
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None

@@ -85,24 +85,24 @@ class SimBackend:
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         outcome = RoundOutcome()
         if plan.prefill:
-            outcome.prefill_shape, outcome.num_draft_prefill_rows = self._prefill(plan.prefill)
+            outcome.prefill_shape, outcome.num_draft_prefill_rows = self._prefill(plan.prefill, plan.draft_prefill)
         if plan.decode:
             starts = [plan.computed_after_prefill(row) for row, _ in plan.decode]
-            outcome.proposals = self._draft(plan.decode, starts)
+            outcome.proposals = self._draft(plan.decode, starts, outcome.num_draft_prefill_rows > 0)
             outcome.rows, outcome.verify_shape = self._verify(plan.decode, starts, outcome.proposals)
         outcome.prefill_ms, outcome.draft_ms, outcome.verify_ms = self._split_ms(outcome)
         self.clock.advance((outcome.prefill_ms + outcome.draft_ms + outcome.verify_ms) / 1000)
         return outcome
 
-    def _prefill(self, work: list[tuple[Row, int]]) -> tuple[PassShape, int]:
+    def _prefill(self, work: list[tuple[Row, int]], draft_prefill: bool) -> tuple[PassShape, int]:
         sizes = [size for _, size in work]
         shape = self._pass_shape(len(work), max(row.num_computed for row, _ in work), max(sizes), sum(sizes))
-        if not self.uses_draft_model:
+        if not self.uses_draft_model or not draft_prefill:
             return shape, 0
         # the drafter's cache is filled alongside, up to the same end
         return shape, sum(row.num_computed + size - row.num_draft_computed for row, size in work)
 
-    def _draft(self, decode: list[tuple[Row, int]], starts: list[int]) -> Proposals:
+    def _draft(self, decode: list[tuple[Row, int]], starts: list[int], alongside: bool) -> Proposals:
         """Counts of the passes `DraftModelDrafter.propose` runs: pass 0 feeds each speculating
         row's unfed tokens (ragged, padded to the longest), pass j > 0 one draft to each row with
         k > j (no padding). A row prefilled this round has its draft cache filled to its start."""
@@ -112,7 +112,7 @@ class SimBackend:
         num_rows = num_fed = max_fed = max_k = further = 0
         for index, ((row, k), start) in enumerate(zip(decode, starts, strict=True)):
             if k > 0:
-                draft_start = start if row.num_computed < start else row.num_draft_computed
+                draft_start = start if alongside and row.num_computed < start else row.num_draft_computed
                 fed = len(row.prompt_ids) + len(row.output_ids) - draft_start
                 num_rows, num_fed, further = num_rows + 1, num_fed + fed, further + k - 1
                 if fed > max_fed:
