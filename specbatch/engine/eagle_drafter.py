@@ -22,10 +22,11 @@ from specbatch.engine.slot_cache import SlotCache, causal_slot_mask
 
 @dataclass
 class _Features:
-    """Fused target features of positions first.. of one request, not yet all read by the head."""
+    """Target features of positions first.. of one request, not yet all read by the head; fused by
+    the head only when fed, so that rows not drafting (k = 0) cost no fusion."""
 
     first: int
-    values: torch.Tensor  # [positions, hidden]
+    values: torch.Tensor  # [positions, 3·target hidden]
 
     @property
     def end(self) -> int:
@@ -43,10 +44,9 @@ class EagleDrafter:
 
     def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
         """Keep the target's features [rows, query_len, 3·hidden] of the positions a pass computed."""
-        fused = self.head.fuse(features)
         for index, (row, start, length) in enumerate(zip(rows, starts, lengths, strict=True)):
             held = self.features.get(row.request_id)
-            new = fused[index, :length]
+            new = features[index, :length]
             if held is not None and held.first <= start <= held.end:
                 new = torch.cat([held.values[: start - held.first], new])
                 start = held.first
@@ -110,14 +110,15 @@ class EagleDrafter:
         lengths = [end - start for start, end in zip(starts, ends, strict=True)]
         query_len = max(lengths)
         tokens = torch.zeros((len(rows), query_len), dtype=torch.long, device=device)
-        hidden = torch.zeros((len(rows), query_len, self.head.config.hidden_size),
-                             dtype=self.head.fc.weight.dtype, device=device)
+        raw = torch.zeros((len(rows), query_len, self.head.fc.in_features), dtype=self.head.fc.weight.dtype,
+                          device=device)
         for index, (row, start, end) in enumerate(zip(rows, starts, ends, strict=True)):
             held = self.features[row.request_id]
             assert held.first <= start and end <= held.end, "target features of a fed position are missing"
             tokens[index, : end - start] = torch.tensor(row.token_ids[start + 1 : end + 1], dtype=torch.long)
-            hidden[index, : end - start] = held.values[start - held.first : end - held.first]
+            raw[index, : end - start] = held.values[start - held.first : end - held.first]
             self.features[row.request_id] = _Features(end - 1, held.values[end - 1 - held.first :])
+        hidden = self.head.fuse(raw)
         offsets = torch.arange(query_len, device=device)
         firsts = torch.tensor(starts, dtype=torch.long, device=device)
         real = offsets[None, :] < torch.tensor(lengths, device=device)[:, None]

@@ -28,6 +28,7 @@ class SchedContext:
     num_plans: int = 0  # plans made so far: a version for per-round caches
     cost_fit: OnlineCostFit | None = None  # refits round_cost on the rounds run (scheduler.learn_cost)
     drafting: bool = True  # whether the last round with decode rows drafted for any of them
+    draft_gate: DraftGate | None = None  # measured speed with and without drafts (scheduler.learn_cost)
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -52,12 +53,53 @@ class SchedContext:
             self.recent_k += smoothing * (mean_k - self.recent_k)
             self.drafting = any(k > 0 for _, k in plan.decode)
 
-    def observe_round(self, record: RoundRecord) -> None:
+    def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int) -> None:
         """A round ran: with learn_cost, its measured time refines the round-time model."""
-        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record)) is not None:
+        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_rows)):
             self.round_cost.cost = refitted
+        if self.draft_gate is not None:
+            self.draft_gate.observe(record.num_committed, record.round_ms - record.warmup_ms)
+
 
     def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s
         self.stats.observe_finish(row.domain, row.num_output_tokens, row.params.max_new_tokens, completion_s)
         self.alphas.forget(row)
+
+
+@dataclass
+class DraftGate:
+    """Whether drafting pays, measured rather than predicted: rounds run in epochs of `epoch_rounds`,
+    each either as the lookahead policy plans them (`drafts`) or with k = 0 for every row (`plain`),
+    and each mode's committed tokens per millisecond is kept as a moving average over its epochs. An
+    epoch runs the faster mode, except every `explore_every`-th, which runs the other, so a change in
+    the batch or the drafter's acceptance is noticed. The first two epochs measure one of each.
+
+    A cost model can be wrong in ways a refit does not fix (its features miss a cost, its k = 0
+    prediction is an extrapolation from rounds that drafted); this bounds what a wrong belief costs:
+    at most one epoch in `explore_every` runs the slower mode."""
+
+    epoch_rounds: int = 16
+    explore_every: int = 8
+    smoothing: float = 0.5
+    rates: dict[bool, float] = field(default_factory=dict)  # drafts? -> tokens per ms
+    drafts: bool = True
+    num_epochs: int = 0
+    _tokens: int = 0
+    _ms: float = 0.0
+    _rounds: int = 0
+
+    def observe(self, num_committed: int, round_ms: float) -> None:
+        self._tokens, self._ms, self._rounds = self._tokens + num_committed, self._ms + round_ms, self._rounds + 1
+        if self._rounds < self.epoch_rounds or self._ms <= 0:
+            return
+        rate = self._tokens / self._ms
+        old = self.rates.get(self.drafts)
+        self.rates[self.drafts] = rate if old is None else old + self.smoothing * (rate - old)
+        self._tokens, self._ms, self._rounds = 0, 0.0, 0
+        self.num_epochs += 1
+        if len(self.rates) < 2:
+            self.drafts = not self.drafts
+            return
+        best = self.rates[True] >= self.rates[False]
+        self.drafts = best if self.num_epochs % self.explore_every else not best

@@ -10,7 +10,7 @@ from pathlib import Path
 from specbatch.config import JobConfig, LookaheadSpec, PrefillChunkSpec
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.capacity import KVBudget
-from specbatch.sched.context import SchedContext
+from specbatch.sched.context import DraftGate, SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
 from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead
 from specbatch.sched.online_cost import OnlineCostFit
@@ -123,7 +123,8 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
                                 uses_draft_model=config.drafter.kind in ("draft", "eagle"))
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
-                        cost_fit=OnlineCostFit(round_cost.cost) if s.learn_cost else None)
+                        cost_fit=OnlineCostFit(round_cost.cost) if s.learn_cost else None,
+                        draft_gate=DraftGate() if s.learn_cost and s.lookahead.kind == "adaptive" else None)
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None

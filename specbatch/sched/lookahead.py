@@ -72,7 +72,10 @@ class AdaptiveLookahead:
     that switching cost is counted in T, spread over `switch_horizon` rounds since it is paid once.
 
     Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
-    domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n).
+    domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n). Where
+    the round-time model is learnt on the run (`SchedContext.cost_fit`) and no recent round drafted,
+    every `probe_every`-th plan drafts one token for the row that lags least: the cost of drafting is
+    measured too, at the price of one draft pass, so a pessimistic prior cannot keep it at k = 0.
     """
 
     ctx: SchedContext
@@ -80,12 +83,25 @@ class AdaptiveLookahead:
     switch_horizon: float = 8.0
     explore_z: float = 1.0
     num_iterations: int = 3
+    probe_every: int = 16
     name: str = "adaptive"
     last_k_max: int = field(default=0, init=False)
+    plans_since_drafting: int = field(default=0, init=False)
 
     def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         if not rows or max(caps) == 0:
             return [0 for _ in rows]
+        gate = self.ctx.draft_gate
+        ks = self._choose(rows, caps) if gate is None or gate.drafts else [0 for _ in rows]
+        self.plans_since_drafting = 0 if max(ks) > 0 else self.plans_since_drafting + 1
+        fit = self.ctx.cost_fit
+        if self.plans_since_drafting >= self.probe_every and fit is not None and not fit.knows_draft_cost:
+            probe = min((i for i, cap in enumerate(caps) if cap > 0), key=lambda i: draft_lag(rows[i]))
+            ks[probe] = 1
+            self.plans_since_drafting = 0
+        return ks
+
+    def _choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         batch = _Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z)
         solutions: dict[int, tuple[float, list[int]]] = {}
         num_worse = 0

@@ -2,11 +2,17 @@
 
 A prior cost model (the built-in CPU profile, or a calibrated file) can be far from the machine a
 job runs on, and a lookahead policy that believes drafts are cheap keeps drafting at a loss. Every
-`refit_every` rounds the coefficients are fitted again on the last `window` rounds, with the same
-relative-error least squares and non-negative coefficients as `CostModel.fit`, shrunk toward the
-prior by `prior_rounds` pseudo-rounds per coefficient (so a few rounds cannot swing it). A feature
-the window never saw non-zero (draft passes while nothing drafts) keeps its last value: rounds that
-did not draft say nothing about what drafting costs. Rounds that captured graphs are left out.
+`refit_every` rounds the coefficients are fitted again on the last `window` rounds, by relative-error
+least squares with non-negative coefficients as in `CostModel.fit`, shrunk toward the prior by
+`prior_rounds` pseudo-rounds per coefficient so that a few rounds cannot swing it.
+
+Two fits, because one cannot tell them apart: while every round drafts once, a draft pass is as
+constant as the intercept. The drafting phase is timed apart (`draft_ms`): its passes and rows are
+fitted on it alone, and the rest of the round (`round_ms − draft_ms`, less the draft prefill that
+the draft fit now prices) on the target's features. Rounds that did not draft say nothing about
+drafting, so the last `draft_window` rounds that drafted are kept apart from the window, and until
+`min_draft_rounds` of them exist the draft coefficients are not known (`knows_draft_cost`: the
+adaptive policy probes). Rounds that captured graphs are left out.
 """
 
 from __future__ import annotations
@@ -19,14 +25,17 @@ import numpy as np
 from specbatch.records import RoundRecord
 from specbatch.sched.costmodel import CostModel, nonnegative_lstsq
 
-COEFFICIENTS = ("intercept_ms", "target_passes", "target_rows", "draft_passes", "draft_rows", "kv_tokens_read")
+TARGET = ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read")
+DRAFT = ("draft_passes", "draft_rows")
 
 
-def round_features(record: RoundRecord) -> tuple[float, ...]:
-    """A round's cost features in COEFFICIENTS order (1 for the intercept); padding counts as work."""
-    return (1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
-            record.num_draft_passes, record.num_draft_rows + record.num_padded_draft_rows,
-            record.num_kv_tokens_read)
+@dataclass(frozen=True)
+class _Round:
+    target: tuple[float, ...]  # TARGET features (1 for the intercept); padding counts as work
+    drafting: tuple[float, float]  # DRAFT features of the drafting phase
+    draft_prefill: tuple[float, float]  # DRAFT features of the draft cache filled alongside the prefill
+    round_ms: float
+    draft_ms: float
 
 
 @dataclass
@@ -34,43 +43,73 @@ class OnlineCostFit:
     prior: CostModel
     window: int = 256
     refit_every: int = 8
-    prior_rounds: float = 4.0
+    prior_rounds: float = 0.1
+    draft_window: int = 64
+    min_draft_rounds: int = 4
     current: CostModel = field(init=False)
-    rounds: deque[tuple[tuple[float, ...], float]] = field(init=False)
+    rounds: deque[_Round] = field(init=False)
+    drafted: deque[_Round] = field(init=False)
     num_seen: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.current = self.prior
-        self.rounds = deque(maxlen=self.window)
+        self.rounds, self.drafted = deque(maxlen=self.window), deque(maxlen=self.draft_window)
 
-    def observe(self, record: RoundRecord) -> CostModel | None:
-        """Take one round; returns the refitted model when this round triggered a refit."""
+    def observe(self, record: RoundRecord, num_draft_prefill_rows: int) -> CostModel | None:
+        """Take one round (and the draft rows its prefill computed, inside its draft figures); returns
+        the refitted model when this round triggered a refit."""
         if record.warmup_ms > 0 or record.round_ms <= 0:
             return None
-        self.rounds.append((round_features(record), record.round_ms))
+        prefill_passes = int(num_draft_prefill_rows > 0)
+        self.rounds.append(_Round(
+            (1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
+             record.num_kv_tokens_read),
+            (record.num_draft_passes - prefill_passes,
+             record.num_draft_rows + record.num_padded_draft_rows - num_draft_prefill_rows),
+            (prefill_passes, num_draft_prefill_rows), record.round_ms, record.draft_ms))
+        if self.rounds[-1].drafting[0] > 0:
+            self.drafted.append(self.rounds[-1])
         self.num_seen += 1
         if self.num_seen % self.refit_every:
             return None
         self.current = self.fit()
         return self.current
 
+    @property
+    def knows_draft_cost(self) -> bool:
+        """Whether enough rounds drafted to measure the draft coefficients."""
+        return len(self.drafted) >= self.min_draft_rounds
+
     def fit(self) -> CostModel:
-        x = np.asarray([features for features, _ in self.rounds], dtype=float)
-        y = np.asarray([ms for _, ms in self.rounds], dtype=float)
-        last = np.asarray([getattr(self.current, name) for name in COEFFICIENTS])
-        prior = np.asarray([getattr(self.prior, name) for name in COEFFICIENTS])
+        values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
+        drafted = self.drafted
+        if drafted:
+            values.update(self._ridge(DRAFT, np.asarray([r.drafting for r in drafted], dtype=float),
+                                      np.asarray([r.draft_ms for r in drafted], dtype=float)))
+        draft_price = np.asarray([values[name] for name in DRAFT])
+        x = np.asarray([r.target for r in self.rounds], dtype=float)
+        rest_ms = np.asarray([r.round_ms - r.draft_ms - float(np.dot(r.draft_prefill, draft_price))
+                              for r in self.rounds], dtype=float)
+        values.update(self._ridge(TARGET, x, np.maximum(rest_ms, 1e-3)))
+        fitted = replace(self.prior, **values)
+        relative = [abs(self._predict(fitted, r) - r.round_ms) / r.round_ms for r in self.rounds]
+        return replace(fitted, mape=float(np.mean(relative)), num_rounds=len(self.rounds),
+                       source=f"{self.prior.source}, refitted on {len(self.rounds)} of this worker's rounds")
+
+    def _ridge(self, names: tuple[str, ...], x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        """Non-negative relative least squares of y on x, with prior_rounds pseudo-rounds per seen
+        coefficient: a deviation weighs what it changes in a typical round's relative prediction."""
         seen = np.flatnonzero((x != 0).any(axis=0))
-        # rows scaled by 1/y: relative error; a coefficient's pseudo-rounds weigh a deviation by what it
-        # changes in a typical round's relative prediction (its feature's mean over the round's time)
         weights = 1.0 / np.maximum(y, 1e-3)
-        design = x[:, seen] * weights[:, None]
-        target = y * weights  # unseen features are 0 in every round: they add nothing to it
-        scale = np.sqrt(self.prior_rounds) * (np.abs(x[:, seen]) * weights[:, None]).mean(axis=0)
-        design = np.vstack([design, np.diag(scale)])
-        target = np.concatenate([target, scale * prior[seen]])
-        fitted = last.copy()
-        fitted[seen] = nonnegative_lstsq(design, target)
-        relative = np.abs(x @ fitted - y) * weights
-        values = dict(zip(COEFFICIENTS, fitted.tolist(), strict=True))
-        return replace(self.prior, **values, mape=float(relative.mean()), num_rounds=len(y),
-                       source=f"{self.prior.source} refitted on {len(y)} of this worker's rounds")
+        scaled = x[:, seen] * weights[:, None]
+        scale = np.sqrt(self.prior_rounds) * np.abs(scaled).mean(axis=0)
+        prior = np.asarray([getattr(self.prior, names[i]) for i in seen])
+        solution = nonnegative_lstsq(np.vstack([scaled, np.diag(scale)]),
+                                     np.concatenate([y * weights, scale * prior]))
+        return {names[i]: float(value) for i, value in zip(seen, solution, strict=True)}
+
+    @staticmethod
+    def _predict(cost: CostModel, r: _Round) -> float:
+        tp, tr, kv = r.target[1:]
+        dp, dr = (a + b for a, b in zip(r.drafting, r.draft_prefill, strict=True))
+        return cost.predict_ms(int(tp), int(tr), int(dp), dr, int(kv))
