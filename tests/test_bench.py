@@ -69,3 +69,29 @@ def test_a_users_prompts_file_is_read_as_a_job_reads_it(tmp_path):
     assert [(p.request_id, p.domain, p.max_new_tokens) for p in prompts] == [
         ("z", "code", 12), ("a", "", config.sampling.max_new_tokens)]
     assert list(prompts[1].prompt_ids) == tokenizer("The for statement", add_special_tokens=False)["input_ids"]
+
+
+def test_a_peer_without_its_venv_is_refused_before_anything_runs(tmp_path):
+    from specbatch.lab.peer import PeerError
+
+    with pytest.raises(PeerError, match="setup_vllm.sh"):
+        run_bench(4, 16, (1,), console=Console(file=io.StringIO()), peer="vllm", peer_venv=tmp_path / "none")
+
+
+def test_peer_rows_carry_ratios_and_agreement_at_their_batch_size():
+    from specbatch.lab.bench import BenchResult, _peer_rows
+
+    refs = {"a": [1, 2], "b": [3]}
+    ours = [BenchResult(name="hf-generate", batch_rows=8, tokens_per_s=50.0, exact_match=1.0, num_prompts=2,
+                        num_tokens=3, wall_s=0.06),
+            BenchResult(name="specbatch-none", batch_rows=8, tokens_per_s=100.0, exact_match=1.0, num_prompts=2,
+                        num_tokens=3, wall_s=0.03)]
+    peer = {"results": [
+        {"mode": "none", "batch_rows": 8, "startup_s": 40.0, "wall_s": 0.05, "outputs": {"a": [1, 2], "b": [4]}},
+        {"mode": "eagle", "batch_rows": 8, "error": "ValueError: no"}]}
+    rows = _peer_rows(peer, refs, {8: refs}, ours, 4)
+    assert [r.name for r in rows] == ["vllm-none", "vllm-eagle-k4"]
+    assert rows[0].tokens_per_s == pytest.approx(60.0) and rows[0].warmup_s == 40.0
+    assert rows[0].same_as_specbatch == 0.5 and rows[0].exact_match == 0.5
+    assert rows[0].ratio_vs_none == pytest.approx(0.6) and ours[1].ratio_vs_peer == pytest.approx(100 / 60)
+    assert rows[1].error == "ValueError: no" and rows[1].ratio_vs_peer is None

@@ -34,6 +34,9 @@ def bench(
                                                "none,draft,eagle,ngram")] = "none,draft,ngram",
     lookahead: Annotated[str, typer.Option(help="lookahead policies, comma-separated (e.g. fixed:4,adaptive); "
                                                 "default: the config's")] = "",
+    peer: Annotated[str | None, typer.Option(help="run a peer engine on the same token ids: vllm")] = None,
+    peer_venv: Annotated[Path, typer.Option(help="the peer's venv (benchmarks/peer/setup_vllm.sh makes it)")]
+    = Path(".peer/vllm"),
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
@@ -55,10 +58,12 @@ def bench(
         fail(f"--batch-size takes whole numbers separated by commas, not {batch_size!r}")
     if min(batch_sizes) < 1:
         fail("--batch-size: every batch size must be at least 1")
+    if peer not in (None, "vllm"):
+        fail(f"--peer: the only peer is vllm, not {peer!r}")
     try:
         results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
                             tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file,
-                            _names(drafters), _names(lookahead))
+                            _names(drafters), _names(lookahead), peer, peer_venv)
     except usage_errors() as error:
         fail(str(error))
     if json_path is not None:

@@ -26,12 +26,13 @@ from rich.console import Console
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
-from specbatch.config import JobConfig, load_config
+from specbatch.config import JobConfig, LookaheadSpec, load_config
 from specbatch.core import Row
 from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.eagle import load_head
 from specbatch.engine.graphs import use_compile_cache
+from specbatch.lab.peer import PEER_MODES, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
@@ -93,6 +94,9 @@ class BenchResult:
     warmup_s: float | None = None  # graph capture (specbatch rows)
     tokens_per_s_job: float | None = None  # warm-up paid once by a job of job_prompts such prompts
     ratio_vs_eager: float | None = None  # a graph mode's tokens_per_s_job over the same drafter's eager rate
+    ratio_vs_peer: float | None = None  # to the peer's fastest mode at the same batch size (--peer)
+    same_as_specbatch: float | None = None  # a peer row: share of outputs identical to specbatch-none's
+    error: str | None = None  # a peer mode that could not run, and why
 
 
 def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
@@ -217,8 +221,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
               job_prompts: int = 2000, prompts_file: Path | None = None,
-              drafters: tuple[str, ...] = ("none", "draft", "ngram"), lookaheads: tuple[str, ...] = ()
-              ) -> list[BenchResult]:
+              drafters: tuple[str, ...] = ("none", "draft", "ngram"), lookaheads: tuple[str, ...] = (),
+              peer: str | None = None, peer_venv: Path = Path(".peer/vllm")) -> list[BenchResult]:
     """Every configuration (drafter × lookahead; `lookaheads` empty: the config's) at every batch size
     (a grid), on the same prompts and references: the held-out ones, or the first `num_prompts`
     records of `prompts_file` that a job would run."""
@@ -227,6 +231,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
                                   *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
+    if peer is not None:
+        check_venv(peer_venv)
     models = load_models(base)
     if "eagle" in drafters and base.models.eagle:
         models.eagle = load_head(base.models.eagle, models.target)
@@ -248,9 +254,17 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     runs = [(drafter, lookahead) for drafter in drafters for lookahead in (lookaheads or ("",))
             if drafter != "none" or lookahead == (lookaheads or ("",))[0]]  # without drafts lookahead is moot
     results: list[BenchResult] = []
+    none_outputs: dict[int, dict] = {}  # batch size -> specbatch-none's outputs, which peer rows are compared to
     for batch_size in sorted(batch_sizes):
         results += _bench_batch(batch_size, models, prompts, refs, config_path, overrides or [], graphs, runs,
-                                job_prompts)
+                                job_prompts, none_outputs)
+    if peer is not None:
+        fixed = [LookaheadSpec.parse(la).k for la in lookaheads if la.startswith("fixed:")]
+        k = next((k for k in fixed if k), base.scheduler.lookahead.k or 4)
+        console.print(f"[bold]peer[/] vLLM, modes {', '.join(d for d in PEER_MODES if d in drafters or d == 'none')}, "
+                      f"k = {k}, one engine per batch size and mode (start-up timed apart)")
+        results += _peer_rows(run_vllm(base, models, prompts, tuple(sorted(batch_sizes)), drafters, k, peer_venv),
+                              refs, none_outputs, results, k)
     if models.draft is not None:
         subset = prompts[: assisted_prompts or len(prompts)]
         started = time.perf_counter()
@@ -262,9 +276,37 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     return results
 
 
+def _peer_rows(peer: dict, refs: dict, none_outputs: dict[int, dict], results: list[BenchResult], k: int
+               ) -> list[BenchResult]:
+    """The peer's rows, with ratios at their batch size; every row's ratio_vs_peer (to the peer's fastest)."""
+    rows = []
+    for run in peer["results"]:
+        name, batch = f"vllm-{run['mode']}" + (f"-k{k}" if run["mode"] != "none" else ""), run["batch_rows"]
+        if "error" in run:
+            rows.append(BenchResult(name=name, batch_rows=batch, tokens_per_s=0.0, exact_match=0.0, num_prompts=0,
+                                    num_tokens=0, wall_s=0.0, error=run["error"]))
+            continue
+        result = bench_result(name, run["outputs"], refs, run["wall_s"])
+        result.batch_rows, result.warmup_s = batch, run["startup_s"]
+        result.same_as_specbatch = exact_share(run["outputs"], none_outputs.get(batch, {}))
+        rows.append(result)
+    for batch in {row.batch_rows for row in rows}:
+        at_batch = [r for r in results if r.batch_rows == batch]
+        hf = next((r.tokens_per_s for r in at_batch if r.name == "hf-generate"), None)
+        none = next((r.tokens_per_s for r in at_batch if r.name.startswith("specbatch-none")), None)
+        peers = [r for r in rows if r.batch_rows == batch and r.error is None]
+        best = max((r.tokens_per_s for r in peers), default=None)
+        for result in peers:
+            result.ratio_vs_hf_generate = result.tokens_per_s / hf if hf else None
+            result.ratio_vs_none = result.tokens_per_s / none if none else None
+        for result in at_batch + peers:
+            result.ratio_vs_peer = result.tokens_per_s / best if best else None
+    return rows
+
+
 def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], refs: dict, config_path: Path | None,
-                 overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str]], job_prompts: int
-                 ) -> list[BenchResult]:
+                 overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str]], job_prompts: int,
+                 none_outputs: dict[int, dict]) -> list[BenchResult]:
     """One batch size's rows: hf-generate, then specbatch with each (drafter, lookahead) in each graph
     mode, each with its ratios to hf-generate and specbatch-none at this batch size."""
     started = time.perf_counter()
@@ -290,6 +332,8 @@ def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], re
             result = summarize_engine(name, rows, recorder, refs, wall_s, 0 if drafter == "none" else k, job_prompts)
             if mode == "eager":
                 eager_rates[label] = result.tokens_per_s
+                if drafter == "none":
+                    none_outputs[batch_size] = {row.request_id: row.output_ids for row in rows}
             elif label in eager_rates and result.tokens_per_s_job is not None:
                 result.ratio_vs_eager = result.tokens_per_s_job / eager_rates[label]
             results.append(result)
@@ -307,7 +351,8 @@ COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("
            "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"), "alpha": ("α", ".3f"),
            "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
            "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
-           "ratio_vs_eager": ("× eager", ".3f"), "exact_match": ("exact", ".3f"), "num_prompts": ("n", "")}
+           "ratio_vs_eager": ("× eager", ".3f"), "ratio_vs_peer": ("× peer", ".3f"),
+           "exact_match": ("exact", ".3f"), "same_as_specbatch": ("= sb", ".3f"), "num_prompts": ("n", "")}
 
 
 def print_rows(console: Console, title: str, rows: list[dict], columns: dict[str, tuple[str, str]]) -> None:

@@ -1,4 +1,4 @@
-"""The vLLM peer of `specbatch bench --peer vllm`, run in the peer's own venv (setup_vllm.sh).
+"""The vLLM peer of `specbatch bench --peer vllm`, run by the peer's own Python (benchmarks/peer/setup_vllm.sh).
 
 Reads a JSON request from `specbatch.lab.peer` (model paths, token-id prompts with their
 max_new_tokens, batch sizes, modes), and for each batch size and mode starts one engine, times its
@@ -6,7 +6,7 @@ start-up apart, runs every prompt as a `TokensPrompt` (greedy, fp32) and writes 
 A mode the engine refuses is reported with its error instead of stopping the others. This file
 imports only vLLM and the standard library: the project's venv cannot import vLLM, nor this one specbatch.
 
-    python vllm_run.py REQUEST.json RESULT.json
+    PEER_VENV/bin/python specbatch/lab/vllm_runner.py REQUEST.json RESULT.json
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""`specbatch bench --peer vllm`: the same token-id prompts through vLLM, in vLLM's own venv.
+
+vLLM's CPU build pins a transformers release the project's venv cannot share, so it runs as a child
+process of the peer's Python (`benchmarks/peer/setup_vllm.sh` makes that venv) on `vllm_runner.py`,
+which imports only vLLM: a JSON request in (model paths, prompt ids, batch sizes, modes), token ids
+and seconds out. Each (batch size, mode) is one engine; its start-up is timed apart from its
+tokens/s, as graph capture is for specbatch's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+from specbatch.config import ConfigError, JobConfig
+from specbatch.engine.build import Models, eos_token_ids, max_context
+from specbatch.engine.loading import resolve_dir
+from specbatch.lab.prompts import BenchPrompt
+
+RUNNER = Path(__file__).with_name("vllm_runner.py")
+PEER_MODES = ("none", "ngram", "draft", "eagle")  # specbatch drafters vLLM runs on the same models
+
+
+class PeerError(ConfigError):
+    """The peer cannot run at all (no venv): exit 2 before anything runs. A mode it refuses is
+    reported in its row instead."""
+
+
+def check_venv(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise PeerError(f"no vLLM venv at {venv}: create it with benchmarks/peer/setup_vllm.sh {venv}")
+    return python
+
+
+def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batch_sizes: tuple[int, ...],
+             drafters: tuple[str, ...], num_speculative_tokens: int, venv: Path,
+             timeout_s: float = 3600) -> dict:
+    """vLLM's results: {"vllm_version", "results": [{mode, batch_rows, startup_s, wall_s, outputs | error}]}."""
+    python = check_venv(venv)
+    modes = [mode for mode in PEER_MODES if (mode in drafters or mode == "none") and request_has(config, mode)]
+    request = {
+        "target": str(resolve_dir(config.models.target)),
+        "draft": str(resolve_dir(config.models.draft)) if config.models.draft else None,
+        "eagle": str(resolve_dir(config.models.eagle)) if config.models.eagle else None,
+        "num_speculative_tokens": max(num_speculative_tokens, 1),
+        "ngram_min": config.drafter.ngram_min, "ngram_max": config.drafter.ngram_max,
+        "max_model_len": max_context(config, models), "gpu_memory_utilization": 0.3, "enforce_eager": False,
+        "eos": sorted(eos_token_ids(models)), "batch_sizes": list(batch_sizes),
+        "modes": modes,
+        "prompts": [{"request_id": p.request_id, "prompt_ids": list(p.prompt_ids), "max_new_tokens": p.max_new_tokens}
+                    for p in prompts],
+    }
+    with tempfile.TemporaryDirectory(prefix="specbatch-peer-") as work:
+        request_path, result_path = Path(work) / "request.json", Path(work) / "result.json"
+        request_path.write_text(json.dumps(request))
+        run = subprocess.run([str(python), str(RUNNER), str(request_path), str(result_path)], cwd=work,
+                             capture_output=True, text=True, timeout=timeout_s)
+        if not result_path.exists():
+            raise PeerError(f"vLLM exited with {run.returncode} before any result: {run.stderr[-2000:]}")
+        return json.loads(result_path.read_text())
+
+
+def request_has(config: JobConfig, mode: str) -> bool:
+    """Whether the config names the model a peer mode needs (n-gram needs none)."""
+    return {"none": True, "ngram": True, "draft": config.models.draft is not None,
+            "eagle": config.models.eagle is not None}[mode]
