@@ -145,7 +145,7 @@ class SchedulerConfig(_Section):
     max_round_tokens: int = Field(default=2048, ge=1)
     tpot_slo_ms: float = Field(default=200.0, gt=0)
     cost_model: str | None = None  # JSON from `specbatch calibrate`; None: the built-in CPU profile
-    learn_cost: bool = True  # refit that model on the worker's own rounds as it runs (sched/online_cost.py)
+    learn_cost: bool = True  # with lookahead=adaptive: refit that model on the worker's rounds (sched/online_cost.py)
 
     @field_validator("lookahead")
     @classmethod

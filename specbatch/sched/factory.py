@@ -119,12 +119,15 @@ def job_buckets(config: JobConfig) -> ShapeBuckets:
 
 def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedContext:
     s = config.scheduler
+    # only where the lookahead is decided from it: a measured model makes the schedule depend on the
+    # clock, and with fixed k (and the rejection coupling) the schedule is what fixes a seed's text
+    learns = s.learn_cost and lookahead_spec(config).kind == "adaptive" and max_lookahead(config) > 0
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
                                 uses_draft_model=config.drafter.kind in ("draft", "eagle"))
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
-                        cost_fit=OnlineCostFit(round_cost.cost) if s.learn_cost else None,
-                        draft_gate=DraftGate() if s.learn_cost and s.lookahead.kind == "adaptive" else None)
+                        cost_fit=OnlineCostFit(round_cost.cost) if learns else None,
+                        draft_gate=DraftGate() if learns else None)
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None
