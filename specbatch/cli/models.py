@@ -68,3 +68,29 @@ def train_eagle(
     checkpoints.mkdir(parents=True, exist_ok=True)
     card = train(target, output, checkpoints, replace(recipe, steps=steps or recipe.steps))
     console.print(f"EAGLE head written to {output}: held-out agreement {card['heldout']}")
+
+
+@commands.command("distill-draft")
+def distill_draft(
+    output: Annotated[Path, typer.Option(help="where to write the distilled draft and its card")] = Path(
+        "outputs/distilled-draft"),
+    target: Annotated[Path, typer.Option(help="the target's directory")] = Path("specbatch/models/demo/target"),
+    checkpoints: Annotated[Path, typer.Option(help="where checkpoints go; a run resumes from them")] = Path(
+        "outputs/distill-training"),
+    init: Annotated[Path | None, typer.Option(help="start from this draft (same shape), e.g. the bundled one")] = None,
+    steps: Annotated[int | None, typer.Option(help="override the recipe's steps")] = None,
+    hidden: Annotated[int, typer.Option(help="draft hidden size")] = 128,
+    layers: Annotated[int, typer.Option(help="draft layers")] = 1,
+) -> None:
+    """Distill a draft from the target's own next-token distributions (resumable)."""
+    from dataclasses import replace
+
+    from specbatch.models.distill_draft import DistillRecipe, distill
+    from specbatch.models.train_demo import ModelShape
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    recipe = DistillRecipe()
+    recipe = replace(recipe, steps=steps or recipe.steps,
+                     draft=ModelShape(hidden, layers, max(1, hidden // 64), 3 * hidden))
+    card = distill(target, output, checkpoints, recipe, init)
+    console.print(f"distilled draft written to {output}: held-out greedy {card['greedy']}")

@@ -73,7 +73,9 @@ class DraftGate:
     each either as the lookahead policy plans them (`drafts`) or with k = 0 for every row (`plain`),
     and each mode's committed tokens per millisecond is kept as a moving average over its epochs. An
     epoch runs the faster mode, except every `explore_every`-th, which runs the other, so a change in
-    the batch or the drafter's acceptance is noticed. The first two epochs measure one of each.
+    the batch or the drafter's acceptance is noticed. The first two epochs measure one of each. Plain
+    decoding must be `margin` faster to be chosen: while the policy itself still keeps k near 0 (its
+    draft cost not yet measured) the two modes tie, and only the drafting mode lets it learn.
 
     A cost model can be wrong in ways a refit does not fix (its features miss a cost, its k = 0
     prediction is an extrapolation from rounds that drafted); this bounds what a wrong belief costs:
@@ -82,6 +84,7 @@ class DraftGate:
     epoch_rounds: int = 16
     explore_every: int = 8
     smoothing: float = 0.5
+    margin: float = 0.03
     rates: dict[bool, float] = field(default_factory=dict)  # drafts? -> tokens per ms
     drafts: bool = True
     num_epochs: int = 0
@@ -101,5 +104,5 @@ class DraftGate:
         if len(self.rates) < 2:
             self.drafts = not self.drafts
             return
-        best = self.rates[True] >= self.rates[False]
+        best = self.rates[True] * (1 + self.margin) >= self.rates[False]
         self.drafts = best if self.num_epochs % self.explore_every else not best
