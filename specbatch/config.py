@@ -131,7 +131,8 @@ class ModelsConfig(_Section):
 
 
 class DrafterConfig(_Section):
-    kind: Literal["draft", "eagle", "ngram", "none"] = "draft"
+    # eagle: the bundled pair's best measured drafter (README, benchmarks/README.md)
+    kind: Literal["draft", "eagle", "ngram", "none"] = "eagle"
     ngram_max: int = Field(default=3, ge=1, le=8)
     ngram_min: int = Field(default=1, ge=1, le=8)
 
@@ -139,7 +140,7 @@ class DrafterConfig(_Section):
 class SchedulerConfig(_Section):
     order: Literal["fcfs", "sjf", "laps-sd", "specbatch"] = "fcfs"
     max_lookahead: int = Field(default=8, ge=0, le=MAX_LOOKAHEAD)  # before lookahead: _within_max_lookahead reads it
-    lookahead: Lookahead = Field(default=LookaheadSpec("fixed", 4), validate_default=True)
+    lookahead: Lookahead = Field(default=LookaheadSpec("adaptive"), validate_default=True)
     prefill_chunk: PrefillChunk = PrefillChunkSpec("fixed", 256)
     max_batch_rows: int = Field(default=32, ge=1)
     max_round_tokens: int = Field(default=2048, ge=1)
@@ -150,7 +151,7 @@ class SchedulerConfig(_Section):
     @field_validator("lookahead")
     @classmethod
     def _within_max_lookahead(cls, spec: LookaheadSpec, info: ValidationInfo) -> LookaheadSpec:
-        """fixed:K over max_lookahead is an error, not a clamp (the default fixed:4 is checked too)."""
+        """fixed:K over max_lookahead is an error, not a clamp."""
         limit = info.data.get("max_lookahead")  # absent when max_lookahead itself is invalid
         if spec.k is not None and limit is not None and spec.k > limit:
             raise ValueError(f"{spec} is over scheduler.max_lookahead ({limit}): lower K or raise max_lookahead")

@@ -38,7 +38,7 @@ def tiny_config(pair, *overrides: str):
     target, draft, _ = pair
     extra = [f"models.tokenizer={target.parent / 'tokenizer'}"] if (target.parent / "tokenizer").exists() else []
     return load_config(None, [f"models.target={target}", f"models.draft={draft}", "models.dtype=float64",
-                              *extra, *TEST_SETTINGS, *overrides])
+                              "drafter.kind=draft", "scheduler.lookahead=fixed:4", *extra, *TEST_SETTINGS, *overrides])
 
 
 def random_prompts(tokenizer, n: int, seed: int = 0, max_len: int = 40) -> list[tuple[list[int], int]]:

@@ -14,7 +14,7 @@ import yaml
 
 def write_config(tmp_path: Path, pair, **sections) -> Path:
     target, draft, _ = pair
-    config = {"models": {"target": str(target), "draft": str(draft)},
+    config = {"models": {"target": str(target), "draft": str(draft)}, "drafter": {"kind": "draft"},
               "scheduler": {"max_batch_rows": 6, "lookahead": "fixed:3"},
               "io": {"shard_size": 8, "part_every_requests": 5}}
     for name, values in sections.items():

@@ -57,7 +57,7 @@ def test_prefill_chunk_round_trips_as_its_string(text, spec):
 
 def test_default_config_dumps_the_default_strings():
     scheduler = JobConfig().model_dump(mode="json")["scheduler"]
-    assert (scheduler["lookahead"], scheduler["prefill_chunk"]) == ("fixed:4", "fixed:256")
+    assert (scheduler["lookahead"], scheduler["prefill_chunk"]) == ("adaptive", "fixed:256")
 
 
 def test_a_manifest_saved_before_parsed_specs_still_loads(tmp_path: Path):
@@ -87,7 +87,7 @@ def test_the_cli_flags_and_policy_specs_go_through_the_same_validation():
 
 
 @pytest.mark.parametrize("overrides", [["scheduler.lookahead=fixed:9"],
-                                       ["scheduler.max_lookahead=2"],  # the default fixed:4 is over it
+                                       ["scheduler.lookahead=fixed:4", "scheduler.max_lookahead=2"],
                                        ["scheduler.lookahead=fixed:3", "scheduler.max_lookahead=0"]])
 def test_fixed_lookahead_over_max_lookahead_is_an_error_not_a_clamp(overrides):
     with pytest.raises(ConfigError, match=r"scheduler\.lookahead: .*scheduler\.max_lookahead"):
@@ -110,11 +110,12 @@ def test_bad_specs_name_their_field(field, value):
         load_config(None, [f"scheduler.{field}={value}"])
 
 
-def test_no_drafter_runs_the_default_fixed_lookahead_with_no_drafts():
-    config = load_config(None, ["drafter.kind=none"])
-    assert config.scheduler.lookahead == LookaheadSpec("fixed", 4)
+@pytest.mark.parametrize("lookahead", ["fixed:4", "adaptive"])
+def test_no_drafter_runs_any_lookahead_with_no_drafts(lookahead):
+    config = load_config(None, ["drafter.kind=none", f"scheduler.lookahead={lookahead}"])
     scheduler = make_scheduler(config, kv_capacity_tokens=10_000, max_context=512)
-    assert scheduler.lookahead == FixedLookahead(0) and scheduler.limits.max_lookahead == 0
+    assert scheduler.limits.max_lookahead == 0
+    assert scheduler.lookahead == FixedLookahead(0) if lookahead == "fixed:4" else scheduler.ctx.cost_fit is None
     loop = SimLoop(scheduler)
     for i in range(3):
         loop.add(make_row(f"r{i}", num_prompt=6, max_new=8))

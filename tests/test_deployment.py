@@ -68,7 +68,8 @@ def test_prefect_yaml_holds_no_machine_path():
 def test_readme_deployment_steps(tmp_path, tiny_pair):
     target, draft, _ = tiny_pair
     config = tmp_path / "job.yaml"
-    config.write_text(f"models: {{target: {target}, draft: {draft}}}\nio: {{shard_size: 4}}\n")
+    config.write_text(f"models: {{target: {target}, draft: {draft}}}\ndrafter: {{kind: draft}}\n"
+                      "io: {shard_size: 4}\n")
     dataset = tmp_path / "prompts.jsonl"
     prompts = ["def add(a, b):", "The quick brown fox", "for i in range(3):", "Speculative decoding"]
     dataset.write_text("".join(json.dumps({"id": f"p{i}", "prompt": prompts[i % 4], "max_new_tokens": 8}) + "\n"

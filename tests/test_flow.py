@@ -43,7 +43,8 @@ def _inputs(tmp_path: Path, tiny_pair, num_records: int = 6) -> tuple[Path, Path
     dataset.write_text("".join(json.dumps({"id": f"q{i}", "prompt": PROMPTS[i % 4], "max_new_tokens": 6}) + "\n"
                                for i in range(num_records)))
     config = tmp_path / "job.yaml"
-    config.write_text(f"models: {{target: {target}, draft: {draft}}}\nio: {{shard_size: 4}}\n")
+    config.write_text(f"models: {{target: {target}, draft: {draft}}}\ndrafter: {{kind: draft}}\n"
+                      "io: {shard_size: 4}\n")
     return dataset, config, {f"q{i}" for i in range(num_records)}
 
 

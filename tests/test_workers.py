@@ -31,7 +31,8 @@ def _job(tmp_path: Path, tiny_pair, job_id: str, num_records: int, max_new_token
     dataset.write_text("".join(
         json.dumps({"id": f"r{i:03d}", "prompt": PROMPTS[i % 4] + " x" * (i % 5), "max_new_tokens": max_new_tokens})
         + "\n" for i in range(num_records)))
-    config = load_config(None, [f"models.target={target}", f"models.draft={draft}", "workers.num_processes=2",
+    config = load_config(None, [f"models.target={target}", f"models.draft={draft}", "drafter.kind=draft",
+                                "workers.num_processes=2",
                                 "io.shard_size=3", *overrides])
     job_dir = tmp_path / job_id
     prepare(dataset, job_dir, config)

@@ -206,7 +206,8 @@ def load_head(name: str, target: PreTrainedModel) -> EagleHead:
     problems = _mismatches(raw, config, target_hidden, target)
     if problems:
         raise ModelLoadError(f"EAGLE head {name!r} was not made for target {text.name_or_path!r}: "
-                             + "; ".join(problems))
+                             + "; ".join(problems) + " (set models.eagle to a head for this target, or "
+                             "--drafter draft|ngram|none)")
     weights = _read_weights(directory, name)
     head = EagleHead(config, target_hidden)
     shares_embedding = "embed_tokens.weight" not in weights

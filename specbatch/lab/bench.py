@@ -221,7 +221,7 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
               job_prompts: int = 2000, prompts_file: Path | None = None,
-              drafters: tuple[str, ...] = ("none", "draft", "ngram"), lookaheads: tuple[str, ...] = (),
+              drafters: tuple[str, ...] = ("none", "eagle", "draft", "ngram"), lookaheads: tuple[str, ...] = (),
               peer: str | None = None, peer_venv: Path = Path(".peer/vllm")) -> list[BenchResult]:
     """Every configuration (drafter × lookahead; `lookaheads` empty: the config's) at every batch size
     (a grid), on the same prompts and references: the held-out ones, or the first `num_prompts`
@@ -233,7 +233,10 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
     if peer is not None:
         check_venv(peer_venv)
-    models = load_models(base)
+    # the draft model (its rows, hf-assisted) and the EAGLE head load for the drafters asked, whatever
+    # drafter the config names
+    kind = "draft" if "draft" in drafters and base.models.draft else "none"
+    models = load_models(base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": kind})}))
     if "eagle" in drafters and base.models.eagle:
         models.eagle = load_head(base.models.eagle, models.target)
     if prompts_file is not None:
