@@ -169,3 +169,19 @@ def test_eagle_head_has_the_layout_config(tiny_eagle):
     assert config["draft_vocab_size"] == 300 and config["vocab_size"] == 320
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
     assert config["target_hidden_size"] == 64 and len(config["specbatch_target_fingerprint"]) == 16
+
+
+def test_a_head_over_the_whole_vocabulary_is_saved_without_token_maps(tmp_path):
+    """vLLM's loader has no `draft_id_to_target_id` where the draft vocabulary is the target's and refuses
+    a file that carries `d2t`; such a head is saved without d2t/t2d and loads back the same."""
+    target = llama(300, 64, 4, seed=2, eos=0)
+    config, weights = public_head(64, 300, 300)
+    (tmp_path / "public").mkdir()
+    (tmp_path / "public" / "config.json").write_text(json.dumps(config))
+    torch.save(weights, tmp_path / "public" / "pytorch_model.bin")
+    head = load_head(str(tmp_path / "public"), target)
+    save_head(head, tmp_path / "again")
+    saved = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert not {"d2t", "t2d"} & set(saved) and set(saved) == PUBLIC_NAMES - {"d2t", "t2d"}
+    again = load_head(str(tmp_path / "again"), target)
+    assert torch.equal(again.d2t, torch.zeros(300, dtype=torch.long)) and bool(again.t2d.all())
