@@ -13,6 +13,7 @@ with the policy suite (`lab.policy_suite`), so both report the same quantities u
 from __future__ import annotations
 
 import json
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.eagle import load_head
 from specbatch.engine.graphs import use_compile_cache
-from specbatch.lab.peer import PEER_MODES, check_venv, run_vllm
+from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
@@ -261,13 +262,6 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     for batch_size in sorted(batch_sizes):
         results += _bench_batch(batch_size, models, prompts, refs, config_path, overrides or [], graphs, runs,
                                 job_prompts, none_outputs)
-    if peer is not None:
-        fixed = [LookaheadSpec.parse(la).k for la in lookaheads if la.startswith("fixed:")]
-        k = next((k for k in fixed if k), base.scheduler.lookahead.k or 4)
-        console.print(f"[bold]peer[/] vLLM, modes {', '.join(d for d in PEER_MODES if d in drafters or d == 'none')}, "
-                      f"k = {k}, one engine per batch size and mode (start-up timed apart)")
-        results += _peer_rows(run_vllm(base, models, prompts, tuple(sorted(batch_sizes)), drafters, k, peer_venv),
-                              refs, none_outputs, results, k)
     if models.draft is not None:
         subset = prompts[: assisted_prompts or len(prompts)]
         started = time.perf_counter()
@@ -276,6 +270,18 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         results[-1].batch_rows = 1  # against hf-generate at the smallest batch size run
         results[-1].ratio_vs_hf_generate = results[-1].tokens_per_s / results[0].tokens_per_s
     print_rows(console, "specbatch bench", [asdict(r) for r in results], COLUMNS)
+    if peer is not None:  # after the table: a peer that fails late loses none of specbatch's rows
+        fixed = [LookaheadSpec.parse(la).k for la in lookaheads if la.startswith("fixed:")]
+        k = next((k for k in fixed if k), base.scheduler.lookahead.k or 4)
+        console.print(f"[bold]peer[/] vLLM, modes {', '.join(d for d in PEER_MODES if d in drafters or d == 'none')}, "
+                      f"k = {k}, one engine per batch size and mode (start-up timed apart)")
+        try:
+            peer_results = run_vllm(base, models, prompts, tuple(sorted(batch_sizes)), drafters, k, peer_venv)
+        except (PeerError, subprocess.TimeoutExpired) as error:
+            console.print(f"[red]peer failed[/]: {error}")
+            return results
+        results += _peer_rows(peer_results, refs, none_outputs, results, k)
+        print_rows(console, "specbatch bench, with the peer", [asdict(r) for r in results], COLUMNS)
     return results
 
 

@@ -29,7 +29,7 @@ class PeerError(ConfigError):
 
 
 def check_venv(venv: Path) -> Path:
-    python = venv / "bin" / "python"
+    python = venv.resolve() / "bin" / "python"  # absolute: the runner starts in a temporary directory
     if not python.exists():
         raise PeerError(f"no vLLM venv at {venv}: create it with benchmarks/peer/setup_vllm.sh {venv}")
     return python
