@@ -60,7 +60,11 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
                              capture_output=True, text=True, timeout=timeout_s)
         if not result_path.exists():
             raise PeerError(f"vLLM exited with {run.returncode} before any result: {run.stderr[-2000:]}")
-        return json.loads(result_path.read_text())
+        result = json.loads(result_path.read_text())
+    causes = [line for line in run.stderr.splitlines() if "Error" in line and "Traceback" not in line]
+    for failed in (r for r in result["results"] if "error" in r):
+        failed["error"] += f" ({causes[0].strip()[:300]})" if causes else ""  # the engine's root cause, first seen
+    return result
 
 
 def request_has(config: JobConfig, mode: str) -> bool:
