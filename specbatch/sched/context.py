@@ -60,7 +60,6 @@ class SchedContext:
         if self.draft_gate is not None:
             self.draft_gate.observe(record.num_committed, record.round_ms - record.warmup_ms)
 
-
     def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s
         self.stats.observe_finish(row.domain, row.num_output_tokens, row.params.max_new_tokens, completion_s)
@@ -85,12 +84,12 @@ class DraftGate:
     explore_every: int = 8
     smoothing: float = 0.5
     margin: float = 0.03
-    rates: dict[bool, float] = field(default_factory=dict)  # drafts? -> tokens per ms
-    drafts: bool = True
-    num_epochs: int = 0
-    _tokens: int = 0
-    _ms: float = 0.0
-    _rounds: int = 0
+    rates: dict[bool, float] = field(default_factory=dict, init=False)  # drafts? -> tokens per ms
+    drafts: bool = field(default=True, init=False)  # the mode of the current epoch
+    num_epochs: int = field(default=0, init=False)
+    _tokens: int = field(default=0, init=False)  # the current epoch's so far
+    _ms: float = field(default=0.0, init=False)
+    _rounds: int = field(default=0, init=False)
 
     def observe(self, num_committed: int, round_ms: float) -> None:
         self._tokens, self._ms, self._rounds = self._tokens + num_committed, self._ms + round_ms, self._rounds + 1

@@ -73,9 +73,10 @@ class AdaptiveLookahead:
 
     Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
     domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n). Where
-    the round-time model is learnt on the run (`SchedContext.cost_fit`) and no recent round drafted,
-    every `probe_every`-th plan drafts one token for the row that lags least: the cost of drafting is
-    measured too, at the price of one draft pass, so a pessimistic prior cannot keep it at k = 0.
+    the round-time model is learnt on the run (`SchedContext.cost_fit`) and too few rounds drafted to
+    measure the draft cost, every `probe_every`-th plan without drafts drafts one token for the row
+    that lags least, at the price of one draft pass, so a pessimistic prior cannot keep k at 0. With a
+    draft gate (`SchedContext.draft_gate`), its plain epochs plan k = 0 for every row.
     """
 
     ctx: SchedContext
