@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specbatch.models.checkpoint import load_training_state, save_training_state
 from specbatch.models.corpus import documents
 from specbatch.models.train_demo import ModelShape, Recipe, build_model, greedy_acceptance, token_stream
 
@@ -83,14 +84,9 @@ def distill(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe: Di
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) * (
         0.05 + 0.475 * (1 + math.cos(math.pi * min(step, recipe.steps) / recipe.steps))))
     checkpoint, start_step, elapsed = checkpoint_dir / "distill-checkpoint.pt", 0, 0.0
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        draft.load_state_dict(state["draft"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        rng.setstate(state["rng"])
-        torch.set_rng_state(state["torch_rng"])
-        start_step, elapsed = state["step"], state["elapsed_s"]
+    if (resumed := load_training_state(checkpoint, optimizer, schedule, rng)) is not None:
+        weights, start_step, elapsed = resumed
+        draft.load_state_dict(weights)
         log.info("resumed at step %d", start_step)
     draft.train()
     started = time.perf_counter() - elapsed
@@ -110,9 +106,8 @@ def distill(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe: Di
             log.info("step %d/%d kl %.3f agree %.3f (%.0f s)", step, recipe.steps, loss.item(), agree,
                      time.perf_counter() - started)
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == recipe.steps:
-            torch.save({"draft": draft.state_dict(), "optimizer": optimizer.state_dict(),
-                        "schedule": schedule.state_dict(), "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
-                        "step": step + 1, "elapsed_s": time.perf_counter() - started}, checkpoint)
+            save_training_state(checkpoint, draft.state_dict(), optimizer, schedule, rng, step + 1,
+                                time.perf_counter() - started)
     draft.eval()
     draft.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

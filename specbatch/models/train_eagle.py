@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from specbatch.engine.eagle import EagleHead, head_config, save_head
+from specbatch.models.checkpoint import load_training_state, save_training_state
 from specbatch.models.corpus import documents
 from specbatch.models.train_demo import token_stream
 
@@ -132,14 +132,9 @@ def train_eagle(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe
                (token_stream(documents("prose", "train"), tokenizer), recipe.prose_share)]
     rng, start_step, elapsed = random.Random(recipe.seed), 0, 0.0
     checkpoint = checkpoint_dir / "eagle-checkpoint.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        head.load_state_dict(state["head"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        rng.setstate(state["rng"])
-        torch.set_rng_state(state["torch_rng"])
-        start_step, elapsed = state["step"], state["elapsed_s"]
+    if (resumed := load_training_state(checkpoint, optimizer, schedule, rng)) is not None:
+        weights, start_step, elapsed = resumed
+        head.load_state_dict(weights, strict=False)  # the target's embedding is not in it
         log.info("resumed at step %d", start_step)
     head.train()
     started = time.perf_counter() - elapsed
@@ -158,7 +153,8 @@ def train_eagle(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe
                      [round(float(x), 3) for x in losses], [round(a, 3) for a in agreement],
                      time.perf_counter() - started)
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == recipe.steps:
-            _save_checkpoint(checkpoint, head, optimizer, schedule, rng, step + 1, time.perf_counter() - started)
+            weights = {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")}
+            save_training_state(checkpoint, weights, optimizer, schedule, rng, step + 1, time.perf_counter() - started)
     head.eval()
     save_head(head, output_dir, target)
     card = {"recipe": asdict(recipe), "training_s": round(time.perf_counter() - started),
@@ -171,19 +167,6 @@ def _window(rng: random.Random, streams: list[tuple[torch.Tensor, float]], seq_l
     stream = rng.choices(streams, weights=[w for _, w in streams])[0][0]
     start = rng.randrange(0, len(stream) - seq_len - 2)
     return stream[start : start + seq_len + 1]
-
-
-def _save_checkpoint(path: Path, head: EagleHead, optimizer: torch.optim.Optimizer,
-                     schedule: torch.optim.lr_scheduler.LRScheduler, rng: random.Random, step: int,
-                     elapsed_s: float) -> None:
-    """Write the whole training state atomically, so a run killed mid-write resumes from the last one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"head": {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")},
-             "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "rng": rng.getstate(),
-             "torch_rng": torch.get_rng_state(), "step": step, "elapsed_s": elapsed_s}
-    temporary = path.with_suffix(".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
 
 
 @torch.no_grad()

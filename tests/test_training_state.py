@@ -1,0 +1,50 @@
+"""The recipes' checkpoints: a resumed run restores weights, optimizer, schedule and both random
+streams, so it continues exactly as the uninterrupted run would."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from specbatch.models.checkpoint import load_training_state, save_training_state
+
+
+def _setup(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
+    return model, optimizer, schedule, random.Random(seed)
+
+
+def _steps(model, optimizer, schedule, rng, n: int) -> None:
+    for _ in range(n):
+        x = torch.randn(3, 4) * rng.random()
+        loss = model(x).pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+
+
+def test_a_resumed_run_continues_as_the_uninterrupted_one(tmp_path):
+    straight = _setup(0)
+    _steps(*straight, 6)
+    first = _setup(0)
+    _steps(*first, 3)
+    model, optimizer, schedule, rng = first
+    save_training_state(tmp_path / "state.pt", model.state_dict(), optimizer, schedule, rng, 3, 1.5)
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # written whole, no temporary left
+    model, optimizer, schedule, rng = _setup(1)  # another process, other seeds
+    weights, step, elapsed = load_training_state(tmp_path / "state.pt", optimizer, schedule, rng)
+    model.load_state_dict(weights)
+    _steps(model, optimizer, schedule, rng, 3)
+    assert (step, elapsed) == (3, 1.5)
+    resumed, uninterrupted = model.state_dict(), straight[0].state_dict()
+    assert all(torch.equal(resumed[name], uninterrupted[name]) for name in uninterrupted)
+
+
+def test_no_checkpoint_yet(tmp_path):
+    _, optimizer, schedule, rng = _setup(0)
+    assert load_training_state(tmp_path / "absent.pt", optimizer, schedule, rng) is None
