@@ -23,14 +23,32 @@ from specbatch.engine.slot_cache import SlotCache, causal_slot_mask
 @dataclass
 class _Features:
     """Target features of positions first.. of one request, not yet all read by the head; fused by
-    the head only when fed, so that rows not drafting (k = 0) cost no fusion."""
+    the head only when fed, so that rows not drafting (k = 0) cost no fusion. Kept as the passes'
+    chunks, joined only when fed: a row that does not draft for a while costs no copy per pass."""
 
     first: int
-    values: torch.Tensor  # [positions, 3·target hidden]
+    chunks: list[torch.Tensor]  # [positions, 3·target hidden] each, in position order
+    num_positions: int
 
     @property
     def end(self) -> int:
-        return self.first + self.values.shape[0]
+        return self.first + self.num_positions
+
+    def keep_until(self, position: int) -> None:
+        """Drop positions from `position` on (rejected drafts, which the next pass computes again)."""
+        keep = position - self.first
+        while self.num_positions > keep:
+            last, excess = self.chunks[-1], self.num_positions - keep
+            if excess >= last.shape[0]:
+                self.chunks.pop()
+                self.num_positions -= last.shape[0]
+            else:
+                self.chunks[-1], self.num_positions = last[: last.shape[0] - excess], keep
+
+    def values(self) -> torch.Tensor:
+        if len(self.chunks) > 1:
+            self.chunks = [torch.cat(self.chunks)]
+        return self.chunks[0]
 
 
 class EagleDrafter:
@@ -48,9 +66,11 @@ class EagleDrafter:
             held = self.features.get(row.request_id)
             new = features[index, :length]
             if held is not None and held.first <= start <= held.end:
-                new = torch.cat([held.values[: start - held.first], new])
-                start = held.first
-            self.features[row.request_id] = _Features(start, new)
+                held.keep_until(start)
+                held.chunks.append(new)
+                held.num_positions += length
+            else:
+                self.features[row.request_id] = _Features(start, [new], length)
 
     def forget(self, request_id: str) -> None:
         self.features.pop(request_id, None)
@@ -116,8 +136,9 @@ class EagleDrafter:
             held = self.features[row.request_id]
             assert held.first <= start and end <= held.end, "target features of a fed position are missing"
             tokens[index, : end - start] = torch.tensor(row.token_ids[start + 1 : end + 1], dtype=torch.long)
-            raw[index, : end - start] = held.values[start - held.first : end - held.first]
-            self.features[row.request_id] = _Features(end - 1, held.values[end - 1 - held.first :])
+            values = held.values()
+            raw[index, : end - start] = values[start - held.first : end - held.first]
+            self.features[row.request_id] = _Features(end - 1, [values[end - 1 - held.first :]], held.end - end + 1)
         hidden = self.head.fuse(raw)
         offsets = torch.arange(query_len, device=device)
         firsts = torch.tensor(starts, dtype=torch.long, device=device)
