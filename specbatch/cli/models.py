@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -32,10 +33,15 @@ def train_demo(
         "specbatch/models/demo"),
     target_steps: Annotated[int | None, typer.Option(help="override the recipe's target steps")] = None,
     draft_steps: Annotated[int | None, typer.Option(help="override the recipe's draft steps")] = None,
+    distill_steps: Annotated[int | None, typer.Option(help="override the draft distillation's steps")] = None,
+    checkpoints: Annotated[Path, typer.Option(help="the distillation's checkpoints; a run resumes from them")] = Path(
+        "outputs/demo-distill-training"),
 ) -> None:
-    """Train the bundled pair from the standard library's code and pydoc topics (the recipe)."""
+    """Train the bundled pair from the standard library's code and pydoc topics (the recipe): the
+    target, a draft pre-trained on text, then the draft distilled from the target (resumable)."""
     from dataclasses import replace
 
+    from specbatch.models.distill_draft import DistillRecipe, distill_bundled
     from specbatch.models.train_demo import Recipe, write_model_card
     from specbatch.models.train_demo import train_demo as train
 
@@ -43,7 +49,9 @@ def train_demo(
     recipe = Recipe()
     recipe = replace(recipe, target_steps=target_steps or recipe.target_steps,
                      draft_steps=draft_steps or recipe.draft_steps)
-    card = train(output, recipe)
+    train(output, recipe)
+    distillation = DistillRecipe()
+    card = distill_bundled(output, checkpoints, replace(distillation, steps=distill_steps or distillation.steps))
     write_model_card(output, card)
     console.print(f"trained pair written to {output}")
 
@@ -93,4 +101,5 @@ def distill_draft(
     recipe = replace(recipe, steps=steps or recipe.steps,
                      draft=ModelShape(hidden, layers, max(1, hidden // 64), 3 * hidden))
     card = distill(target, output, checkpoints, recipe, init)
+    (output / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     console.print(f"distilled draft written to {output}: held-out greedy {card['greedy']}")

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from specbatch.config import ConfigError, JobConfig
-from specbatch.engine.build import Models, eos_token_ids, max_context
+from specbatch.engine.build import Models, eos_token_ids, kv_shape, max_context
 from specbatch.engine.loading import resolve_dir
 from specbatch.lab.prompts import BenchPrompt
 
@@ -47,7 +47,8 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
         "eagle": str(resolve_dir(config.models.eagle)) if config.models.eagle else None,
         "num_speculative_tokens": max(num_speculative_tokens, 1),
         "ngram_min": config.drafter.ngram_min, "ngram_max": config.drafter.ngram_max,
-        "max_model_len": max_context(config, models), "gpu_memory_utilization": 0.3, "enforce_eager": False,
+        "max_model_len": max_context(config, models), "enforce_eager": False,
+        "kv_cache_bytes": kv_cache_bytes(models, max_context(config, models), max(batch_sizes)),
         "eos": sorted(eos_token_ids(models)), "batch_sizes": list(batch_sizes),
         "modes": modes,
         "prompts": [{"request_id": p.request_id, "prompt_ids": list(p.prompt_ids), "max_new_tokens": p.max_new_tokens}
@@ -65,6 +66,17 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
     for failed in (r for r in result["results"] if "error" in r):
         failed["error"] += f" ({causes[0].strip()[:300]})" if causes else ""  # the engine's root cause, first seen
     return result
+
+
+def kv_cache_bytes(models: Models, max_model_len: int, max_batch_rows: int) -> int:
+    """The KV cache vLLM gets: every row at full length, target and draft, twice over (draft layers
+    of a head, block rounding). Explicit, because vLLM's CPU build otherwise reserves a fraction of
+    the machine's memory and refuses to start when less is free (as inside a bench that already
+    holds the models and HF's batches)."""
+    per_token = kv_shape(models.target).bytes_per_token(models.target.dtype)
+    if models.draft is not None:
+        per_token += kv_shape(models.draft).bytes_per_token(models.draft.dtype)
+    return max(2 * per_token * max_model_len * max_batch_rows, 64 << 20)
 
 
 def request_has(config: JobConfig, mode: str) -> bool:

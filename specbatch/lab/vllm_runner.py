@@ -39,7 +39,7 @@ def run_mode(mode: str, batch_rows: int, request: dict) -> dict:
     started = time.perf_counter()
     llm = LLM(model=request["target"], tokenizer=request["target"], skip_tokenizer_init=True, dtype="float32",
               max_num_seqs=batch_rows, max_model_len=request["max_model_len"],
-              gpu_memory_utilization=request["gpu_memory_utilization"], enforce_eager=request["enforce_eager"],
+              kv_cache_memory_bytes=request["kv_cache_bytes"], enforce_eager=request["enforce_eager"],
               speculative_config=speculative_config(mode, request), seed=0)
     startup_s = time.perf_counter() - started
     prompts = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in request["prompts"]]

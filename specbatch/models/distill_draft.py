@@ -1,4 +1,5 @@
-"""The distilled draft: `specbatch models distill-draft` (DistillSpec-style, resumable).
+"""The distilled draft: `specbatch models distill-draft` (DistillSpec-style, resumable), and the
+last stage of the bundled pair's recipe (`train-demo`).
 
 The bundled draft learnt next tokens from text; a draft is accepted when it predicts what the
 *target* would emit, so this recipe trains it on the target's own next-token distributions
@@ -22,7 +23,14 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specbatch.models.checkpoint import load_training_state, save_training_state
 from specbatch.models.corpus import documents
-from specbatch.models.train_demo import ModelShape, Recipe, build_model, greedy_acceptance, token_stream
+from specbatch.models.train_demo import (
+    ModelShape,
+    Recipe,
+    build_model,
+    greedy_acceptance,
+    heldout_loss,
+    token_stream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,7 @@ def target_continuations(target: LlamaForCausalLM, stream: torch.Tensor, recipe:
 def distill(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe: DistillRecipe = DistillRecipe(),
             init_dir: Path | None = None) -> dict:
     """Train (or resume) a draft of `recipe.draft`'s shape on the target's distributions; save it
-    with the target's tokenizer and a card of held-out greedy acceptance."""
+    with the target's tokenizer; returns its card (recipe, time, held-out greedy acceptance)."""
     torch.manual_seed(recipe.seed)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
     target = LlamaForCausalLM.from_pretrained(target_dir).eval().requires_grad_(False)
@@ -118,7 +126,29 @@ def distill(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe: Di
     card = {"recipe": asdict(recipe), "init": str(init_dir) if init_dir else None,
             "parameters": sum(p.numel() for p in draft.parameters()),
             "training_s": round(time.perf_counter() - started), "greedy": greedy}
-    (output_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    return card
+
+
+def distill_bundled(pair_dir: Path, checkpoint_dir: Path, recipe: DistillRecipe = DistillRecipe()) -> dict:
+    """The pair's last stage: distill `pair_dir/draft` (pre-trained on text) in place from
+    `pair_dir/target`, and record the distillation, held-out loss and greedy acceptance in the
+    pair's card.json."""
+    card_path = pair_dir / "card.json"
+    card = json.loads(card_path.read_text())
+    draft_dir = pair_dir / "draft"
+    config = json.loads((draft_dir / "config.json").read_text())
+    shape = ModelShape(config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+                       config["intermediate_size"])
+    distilled = distill(pair_dir / "target", draft_dir, checkpoint_dir, replace(recipe, draft=shape), draft_dir)
+    draft = LlamaForCausalLM.from_pretrained(draft_dir).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(draft_dir)
+    card["recipe"]["draft_distillation"] = distilled["recipe"]
+    card["training_s"]["draft_distillation"] = distilled["training_s"]
+    card["greedy"] = distilled["greedy"]
+    for domain in ("code", "prose"):
+        stream = token_stream(documents(domain, "heldout"), tokenizer)
+        card["heldout_loss"][domain]["draft"] = round(heldout_loss(draft, stream, recipe.seq_len), 3)
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
     return card
 
 
