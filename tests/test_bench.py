@@ -35,6 +35,16 @@ def test_bench_runs_every_configuration_at_every_batch_size_exactly():
         assert rows["specbatch-draft"].alpha is not None and rows["specbatch-none"].alpha is None
 
 
+@pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
+def test_a_bench_of_drafters_the_config_does_not_name_runs():
+    """The embedded default drafts with the EAGLE head; a bench of the draft model alone loads no head
+    and must not warm up (or run) with the config's drafter."""
+    results = run_bench(2, 8, (1,), drafters=("none", "draft"), lookaheads=("fixed:2",),
+                        console=Console(file=io.StringIO()))
+    assert [r.name for r in results] == ["hf-generate", "specbatch-none", "specbatch-draft-fixed:2", "hf-assisted"]
+    assert all(r.exact_match == 1.0 for r in results)
+
+
 def _round(**values) -> RoundRecord:
     return RoundRecord(**{f.name: 0 for f in fields(RoundRecord)} | values)
 

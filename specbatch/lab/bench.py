@@ -237,7 +237,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     # the draft model (its rows, hf-assisted) and the EAGLE head load for the drafters asked, whatever
     # drafter the config names
     kind = "draft" if "draft" in drafters and base.models.draft else "none"
-    models = load_models(base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": kind})}))
+    loaded = base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": kind})})
+    models = load_models(loaded)
     if "eagle" in drafters and base.models.eagle:
         models.eagle = load_head(base.models.eagle, models.target)
     if prompts_file is not None:
@@ -253,7 +254,7 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     hf_logging.set_verbosity_error()
     refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
     if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
-        run_engine(base.model_copy(update={"models": base.models.model_copy(update={"graphs": "eager"})}),
+        run_engine(loaded.model_copy(update={"models": loaded.models.model_copy(update={"graphs": "eager"})}),
                    models, prompts[: max(batch_sizes)])
     runs = [(drafter, lookahead) for drafter in drafters for lookahead in (lookaheads or ("",))
             if drafter != "none" or lookahead == (lookaheads or ("",))[0]]  # without drafts lookahead is moot
