@@ -87,7 +87,7 @@ def distill_draft(
         "outputs/distill-training"),
     init: Annotated[Path | None, typer.Option(help="start from this draft (same shape), e.g. the bundled one")] = None,
     steps: Annotated[int | None, typer.Option(help="override the recipe's steps")] = None,
-    hidden: Annotated[int, typer.Option(help="draft hidden size")] = 128,
+    hidden: Annotated[int, typer.Option(help="draft hidden size")] = 256,
     layers: Annotated[int, typer.Option(help="draft layers")] = 1,
 ) -> None:
     """Distill a draft from the target's own next-token distributions (resumable)."""

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DistillRecipe:
-    draft: ModelShape = ModelShape(128, 1, 2, 384)
+    draft: ModelShape = ModelShape(256, 1, 4, 768)  # chosen by α per draft cost (README of the demo pair)
     steps: int = 1200
     batch_size: int = 16
     seq_len: int = 256
@@ -139,7 +139,9 @@ def distill_bundled(pair_dir: Path, checkpoint_dir: Path, recipe: DistillRecipe 
     config = json.loads((draft_dir / "config.json").read_text())
     shape = ModelShape(config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
                        config["intermediate_size"])
-    distilled = distill(pair_dir / "target", draft_dir, checkpoint_dir, replace(recipe, draft=shape), draft_dir)
+    pretrained = card["recipe"]["draft_steps"] > 0  # else the distillation starts from a fresh draft
+    distilled = distill(pair_dir / "target", draft_dir, checkpoint_dir, replace(recipe, draft=shape),
+                        draft_dir if pretrained else None)
     draft = LlamaForCausalLM.from_pretrained(draft_dir).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(draft_dir)
     card["recipe"]["draft_distillation"] = distilled["recipe"]
