@@ -36,13 +36,14 @@ def test_bench_runs_every_configuration_at_every_batch_size_exactly():
 
 
 @pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
-def test_a_bench_of_drafters_the_config_does_not_name_runs():
+def test_a_bench_of_drafters_the_config_does_not_name_runs_and_repeats():
     """The embedded default drafts with the EAGLE head; a bench of the draft model alone loads no head
-    and must not warm up (or run) with the config's drafter."""
+    and must not warm up (or run) with the config's drafter. With repeats, each row is one of its runs."""
     results = run_bench(2, 8, (1,), drafters=("none", "draft"), lookaheads=("fixed:2",),
-                        console=Console(file=io.StringIO()))
+                        console=Console(file=io.StringIO()), repeats=2)
     assert [r.name for r in results] == ["hf-generate", "specbatch-none", "specbatch-draft-fixed:2", "hf-assisted"]
     assert all(r.exact_match == 1.0 for r in results)
+    assert [r.num_runs for r in results] == [2, 2, 2, 1]
 
 
 def _round(**values) -> RoundRecord:
@@ -96,11 +97,11 @@ def test_peer_rows_carry_ratios_and_agreement_at_their_batch_size():
     ours = [BenchResult(name="hf-generate", batch_rows=8, tokens_per_s=50.0, exact_match=1.0, num_prompts=2,
                         num_tokens=3, wall_s=0.06),
             BenchResult(name="specbatch-none", batch_rows=8, tokens_per_s=100.0, exact_match=1.0, num_prompts=2,
-                        num_tokens=3, wall_s=0.03)]
+                        num_tokens=3, wall_s=0.03, outputs=refs)]
     peer = {"results": [
         {"mode": "none", "batch_rows": 8, "startup_s": 40.0, "wall_s": 0.05, "outputs": {"a": [1, 2], "b": [4]}},
         {"mode": "eagle", "batch_rows": 8, "error": "ValueError: no"}]}
-    rows = _peer_rows(peer, refs, {8: refs}, ours, 4)
+    rows = _peer_rows(peer, refs, ours, 4)
     assert [r.name for r in rows] == ["vllm-none", "vllm-eagle-k4"]
     assert rows[0].tokens_per_s == pytest.approx(60.0) and rows[0].warmup_s == 40.0
     assert rows[0].same_as_specbatch == 0.5 and rows[0].exact_match == 0.5

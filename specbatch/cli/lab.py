@@ -37,6 +37,8 @@ def bench(
     peer: Annotated[str | None, typer.Option(help="run a peer engine on the same token ids: vllm")] = None,
     peer_venv: Annotated[Path, typer.Option(help="the peer's venv (benchmarks/peer/setup_vllm.sh makes it)")]
     = Path(".peer/vllm"),
+    repeats: Annotated[int, typer.Option(min=1, help="runs of every configuration, interleaved; each row is "
+                                         "the median run")] = 1,
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
@@ -63,7 +65,7 @@ def bench(
     try:
         results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
                             tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file,
-                            _names(drafters), _names(lookahead), peer, peer_venv)
+                            _names(drafters), _names(lookahead), peer, peer_venv, repeats)
     except usage_errors() as error:
         fail(str(error))
     if json_path is not None:

@@ -1,8 +1,8 @@
 """`specbatch bench`: the same held-out prompts through HF `generate` (as its users batch it),
 specbatch with each drafter (in each graph mode asked for), and HF assisted generation, side by side
-in one process. Graph capture is timed apart (warmup_s, each graph-mode row compiled anew into an
-empty cache, as a new job's worker does) and charged back in `tokens_per_s_job`: the rate of a job
-of `job_prompts` such prompts that pays it once.
+in one process. An engine's start-up (its slot caches) and graph capture are timed apart (warmup_s,
+each graph-mode row compiled anew into an empty cache, as a new job's worker does) and charged back
+in `tokens_per_s_job`: the rate of a job of `job_prompts` such prompts that pays them once.
 
 Speed claims live here, never in timed unit tests. Every row also reports the work behind its
 speed (target passes and rows per token, padding apart, acceptance) and `exact_match` against the
@@ -17,10 +17,11 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from rich.console import Console
@@ -92,28 +93,41 @@ class BenchResult:
     num_prompts: int
     num_tokens: int
     wall_s: float  # graph capture apart
-    warmup_s: float | None = None  # graph capture (specbatch rows)
+    warmup_s: float | None = None  # start-up timed apart: slot caches and graph capture (specbatch), the engine (peer)
     tokens_per_s_job: float | None = None  # warm-up paid once by a job of job_prompts such prompts
     ratio_vs_eager: float | None = None  # a graph mode's tokens_per_s_job over the same drafter's eager rate
     ratio_vs_peer: float | None = None  # to the peer's fastest mode at the same batch size (--peer)
     same_as_specbatch: float | None = None  # a peer row: share of outputs identical to specbatch-none's
     error: str | None = None  # a peer mode that could not run, and why
+    graphs: str = "eager"  # a specbatch row's graph mode
+    num_runs: int = 1  # runs of which this row is the median (--repeats)
+    outputs: dict[str, list[int]] = field(default_factory=dict, repr=False)  # token ids per request; not written
+
+
+class EngineRun(NamedTuple):
+    rows: list[Row]
+    recorder: MemoryRecorder
+    wall_s: float  # from the first round to the end
+    startup_s: float  # building the engine: its slot caches allocated and zeroed
 
 
 def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
-               clock: Callable[[], float] = time.perf_counter) -> tuple[list[Row], MemoryRecorder, float]:
-    """One engine over all prompts at once; returns its rows, its records and the seconds `clock`
-    counted from building the engine (its slot caches count, as HF's own caches do) to the end.
-    Every time the engine records (arrivals, finishes, round_ms) is read from `clock`."""
+               clock: Callable[[], float] = time.perf_counter) -> EngineRun:
+    """One engine over all prompts at once; every time the engine records (arrivals, finishes,
+    round_ms) is read from `clock`. Its start-up is timed apart, as vLLM's is (its KV cache is
+    allocated there too) and as graph capture is: a worker pays it once per job, and zeroing
+    gigabytes of slot caches took 0.4-2.6 s here for the same engine, run to run, which alone
+    swung a short batch-128 row by 2×."""
     started = clock()
     recorder = MemoryRecorder()
     engine = build_hf_engine(config, models, recorder)
     engine.clock = clock
+    built = clock()
     rows = [prompt.to_row() for prompt in prompts]
     for row in rows:
         engine.add(row)
     engine.run()
-    return rows, recorder, clock() - started
+    return EngineRun(rows, recorder, clock() - built, built - started)
 
 
 @torch.no_grad()
@@ -196,20 +210,21 @@ def bench_result(name: str, outputs: dict, refs: dict, wall_s: float, work: Work
         rates = {**work.rates(), "tokens_per_pass": work.num_committed / max(work.num_decode_rows, 1)}
     return BenchResult(name=name, tokens_per_s=tokens / wall_s, **rates, tokens_per_pass_theory=theory,
                        exact_match=exact_share(outputs, refs), num_prompts=len(outputs), num_tokens=tokens,
-                       wall_s=wall_s)
+                       wall_s=wall_s, outputs=outputs)
 
 
 def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs: dict, wall_s: float,
-                     k: int, job_prompts: int | None = None) -> BenchResult:
+                     k: int, job_prompts: int | None = None, startup_s: float = 0.0) -> BenchResult:
     """A row for an engine run; its graph capture (warmup_ms in its rounds) is taken out of wall_s
-    and, with `job_prompts`, charged once to a job of that many prompts like these."""
+    and, with its start-up, charged once to a job of `job_prompts` prompts like these."""
     work = Work.of_rounds(recorder.rounds)
     # per-token α: of the drafts the rule reached, the share it accepted (a rejection ends a block)
     rejections = sum(1 for s in recorder.steps if s.num_accepted < s.num_proposed)
     alpha = work.num_accepted / (work.num_accepted + rejections) if work.num_proposed else None
     theory = theory_tokens_per_pass(alpha, k) if alpha is not None else None
-    warmup_s = sum(r.warmup_ms for r in recorder.rounds) / 1000
-    result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - warmup_s, work,
+    capture_s = sum(r.warmup_ms for r in recorder.rounds) / 1000
+    warmup_s = capture_s + startup_s
+    result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - capture_s, work,
                           theory)
     result.warmup_s, result.alpha = warmup_s, alpha
     if job_prompts:
@@ -223,10 +238,10 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
               job_prompts: int = 2000, prompts_file: Path | None = None,
               drafters: tuple[str, ...] = ("none", "eagle", "draft", "ngram"), lookaheads: tuple[str, ...] = (),
-              peer: str | None = None, peer_venv: Path = Path(".peer/vllm")) -> list[BenchResult]:
+              peer: str | None = None, peer_venv: Path = Path(".peer/vllm"), repeats: int = 1) -> list[BenchResult]:
     """Every configuration (drafter × lookahead; `lookaheads` empty: the config's) at every batch size
     (a grid), on the same prompts and references: the held-out ones, or the first `num_prompts`
-    records of `prompts_file` that a job would run."""
+    records of `prompts_file` that a job would run; each row the median of `repeats` interleaved runs."""
     console = console or Console()
     for mode, drafter, lookahead in product(graphs, drafters, lookaheads or ("",)):  # bad input fails first
         load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
@@ -259,10 +274,9 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     runs = [(drafter, lookahead) for drafter in drafters for lookahead in (lookaheads or ("",))
             if drafter != "none" or lookahead == (lookaheads or ("",))[0]]  # without drafts lookahead is moot
     results: list[BenchResult] = []
-    none_outputs: dict[int, dict] = {}  # batch size -> specbatch-none's outputs, which peer rows are compared to
     for batch_size in sorted(batch_sizes):
         results += _bench_batch(batch_size, models, prompts, refs, config_path, overrides or [], graphs, runs,
-                                job_prompts, none_outputs)
+                                job_prompts, repeats)
     if models.draft is not None:
         subset = prompts[: assisted_prompts or len(prompts)]
         started = time.perf_counter()
@@ -281,14 +295,15 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         except (PeerError, subprocess.TimeoutExpired) as error:
             console.print(f"[red]peer failed[/]: {error}")
             return results
-        results += _peer_rows(peer_results, refs, none_outputs, results, k)
+        results += _peer_rows(peer_results, refs, results, k)
         print_rows(console, "specbatch bench, with the peer", [asdict(r) for r in results], COLUMNS)
     return results
 
 
-def _peer_rows(peer: dict, refs: dict, none_outputs: dict[int, dict], results: list[BenchResult], k: int
-               ) -> list[BenchResult]:
-    """The peer's rows, with ratios at their batch size; every row's ratio_vs_peer (to the peer's fastest)."""
+def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> list[BenchResult]:
+    """The peer's rows, with ratios at their batch size and agreement with specbatch-none's outputs
+    there; every row's ratio_vs_peer (to the peer's fastest)."""
+    none_outputs = {r.batch_rows: r.outputs for r in results if r.name == "specbatch-none"}
     rows = []
     for run in peer["results"]:
         name, batch = f"vllm-{run['mode']}" + (f"-k{k}" if run["mode"] != "none" else ""), run["batch_rows"]
@@ -316,43 +331,65 @@ def _peer_rows(peer: dict, refs: dict, none_outputs: dict[int, dict], results: l
 
 def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], refs: dict, config_path: Path | None,
                  overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str]], job_prompts: int,
-                 none_outputs: dict[int, dict]) -> list[BenchResult]:
+                 repeats: int = 1) -> list[BenchResult]:
     """One batch size's rows: hf-generate, then specbatch with each (drafter, lookahead) in each graph
-    mode, each with its ratios to hf-generate and specbatch-none at this batch size."""
-    started = time.perf_counter()
-    outputs, work = run_hf_generate(models, prompts, batch_size)
-    results = [bench_result("hf-generate", outputs, refs, time.perf_counter() - started, work)]
-    eager_rates: dict[str, float] = {}
+    mode, each with its ratios to hf-generate and specbatch-none at this batch size. With `repeats`,
+    every configuration runs that many times, the rounds interleaved (all once, then all again), and
+    each row is its median run: this machine's speed drifts by a third over seconds, and a drift
+    then falls on every configuration alike instead of on whichever ran during it."""
+    configurations: list[tuple[str, Callable[[], BenchResult]]] = [
+        ("hf-generate", lambda: _hf_generate_row(models, prompts, refs, batch_size))]
     for mode in graphs:
         for drafter, lookahead in runs:
+            if (drafter == "draft" and models.draft is None) or (drafter == "eagle" and models.eagle is None):
+                continue
             config = load_config(config_path, [*overrides, f"scheduler.max_batch_rows={batch_size}",
                                                f"drafter.kind={drafter}", f"models.graphs={mode}",
                                                *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
-            if (drafter == "draft" and models.draft is None) or (drafter == "eagle" and models.eagle is None):
-                continue
-            spec = config.scheduler.lookahead
-            k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
             label = drafter + (f"-{lookahead}" if lookahead and drafter != "none" else "")
-            with tempfile.TemporaryDirectory(prefix="specbatch-bench-graphs-") as cache:
-                if mode != "eager":  # each row pays a cold capture, as a new job's worker does
-                    torch._dynamo.reset()
-                    use_compile_cache(Path(cache))
-                rows, recorder, wall_s = run_engine(config, models, prompts)
             name = f"specbatch-{label}" + ("" if mode == "eager" else f"-{mode}")
-            result = summarize_engine(name, rows, recorder, refs, wall_s, 0 if drafter == "none" else k, job_prompts)
-            if mode == "eager":
-                eager_rates[label] = result.tokens_per_s
-                if drafter == "none":
-                    none_outputs[batch_size] = {row.request_id: row.output_ids for row in rows}
-            elif label in eager_rates and result.tokens_per_s_job is not None:
-                result.ratio_vs_eager = result.tokens_per_s_job / eager_rates[label]
-            results.append(result)
-    none_rate = next((r.tokens_per_s for r in results if r.name.startswith("specbatch-none")), None)
+            configurations.append((name, partial(_engine_row, name, config, mode, models, prompts, refs, job_prompts)))
+    runs_of: dict[str, list[BenchResult]] = {name: [] for name, _ in configurations}
+    for _ in range(repeats):
+        for name, run in configurations:
+            runs_of[name].append(run())
+    results = [_median(runs_of[name]) for name, _ in configurations]
+    by_name = {result.name: result for result in results}
     for result in results:
-        result.batch_rows = batch_size
+        eager = by_name.get(result.name.removesuffix(f"-{result.graphs}")) if result.graphs != "eager" else None
+        if eager is not None and result.tokens_per_s_job is not None:
+            result.ratio_vs_eager = result.tokens_per_s_job / eager.tokens_per_s
+    none_rate = by_name["specbatch-none"].tokens_per_s if "specbatch-none" in by_name else None
+    for result in results:
+        result.batch_rows, result.num_runs = batch_size, repeats
         result.ratio_vs_hf_generate = result.tokens_per_s / results[0].tokens_per_s
         result.ratio_vs_none = result.tokens_per_s / none_rate if none_rate else None
     return results
+
+
+def _hf_generate_row(models: Models, prompts: list[BenchPrompt], refs: dict, batch_size: int) -> BenchResult:
+    started = time.perf_counter()
+    outputs, work = run_hf_generate(models, prompts, batch_size)
+    return bench_result("hf-generate", outputs, refs, time.perf_counter() - started, work)
+
+
+def _engine_row(name: str, config: JobConfig, mode: str, models: Models, prompts: list[BenchPrompt], refs: dict,
+                job_prompts: int) -> BenchResult:
+    spec = config.scheduler.lookahead
+    k = spec.k if spec.kind == "fixed" and spec.k is not None and config.drafter.kind != "none" else 0
+    with tempfile.TemporaryDirectory(prefix="specbatch-bench-graphs-") as cache:
+        if mode != "eager":  # each row pays a cold capture, as a new job's worker does
+            torch._dynamo.reset()
+            use_compile_cache(Path(cache))
+        rows, recorder, wall_s, startup_s = run_engine(config, models, prompts)
+    result = summarize_engine(name, rows, recorder, refs, wall_s, k, job_prompts, startup_s)
+    result.graphs = mode
+    return result
+
+
+def _median(runs: list[BenchResult]) -> BenchResult:
+    """The run with the median tokens/s (the lower middle one of an even number)."""
+    return sorted(runs, key=lambda result: result.tokens_per_s)[(len(runs) - 1) // 2]
 
 
 COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("tok/s", ".1f"),
@@ -362,7 +399,8 @@ COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("
            "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
            "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
            "ratio_vs_eager": ("× eager", ".3f"), "ratio_vs_peer": ("× peer", ".3f"),
-           "exact_match": ("exact", ".3f"), "same_as_specbatch": ("= sb", ".3f"), "num_prompts": ("n", "")}
+           "exact_match": ("exact", ".3f"), "same_as_specbatch": ("= sb", ".3f"), "num_prompts": ("n", ""),
+           "num_runs": ("runs", "")}
 
 
 def print_rows(console: Console, title: str, rows: list[dict], columns: dict[str, tuple[str, str]]) -> None:
@@ -376,4 +414,5 @@ def print_rows(console: Console, title: str, rows: list[dict], columns: dict[str
 
 
 def write_json(results: list[BenchResult], path: Path) -> None:
-    Path(path).write_text(json.dumps({"results": [asdict(r) for r in results]}, indent=2) + "\n")
+    rows = [{key: value for key, value in asdict(r).items() if key != "outputs"} for r in results]
+    Path(path).write_text(json.dumps({"results": rows}, indent=2) + "\n")
