@@ -28,9 +28,10 @@ class HFBackend:
         self.slot_of: dict[str, int] = {}  # request id -> slot
         self.slot_owner: dict[int, Row] = {}
         self._sync = torch.cuda.synchronize if self.cache.keys[0].is_cuda else (lambda: None)
-        for model in (target, getattr(drafter, "draft", None)):
+        owners = self.slot_owner  # not self: a model referring back to its backend kept every engine's
+        for model in (target, getattr(drafter, "draft", None)):  # caches alive until the collector ran
             if model is not None:
-                model.is_free = lambda slot: slot not in self.slot_owner
+                model.is_free = lambda slot: slot not in owners
 
     @property
     def num_slots(self) -> int:
