@@ -131,8 +131,8 @@ class ModelsConfig(_Section):
 
 
 class DrafterConfig(_Section):
-    # eagle: the bundled pair's best measured drafter (README, benchmarks/README.md)
-    kind: Literal["draft", "eagle", "ngram", "none"] = "eagle"
+    # draft: the bundled pair's best measured drafter, its distilled draft model (README, benchmarks/README.md)
+    kind: Literal["draft", "eagle", "ngram", "none"] = "draft"
     ngram_max: int = Field(default=3, ge=1, le=8)
     ngram_min: int = Field(default=1, ge=1, le=8)
 

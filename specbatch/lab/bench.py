@@ -221,7 +221,7 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
     # per-token α: of the drafts the rule reached, the share it accepted (a rejection ends a block)
     rejections = sum(1 for s in recorder.steps if s.num_accepted < s.num_proposed)
     alpha = work.num_accepted / (work.num_accepted + rejections) if work.num_proposed else None
-    theory = theory_tokens_per_pass(alpha, k) if alpha is not None else None
+    theory = theory_tokens_per_pass(alpha, k) if alpha is not None and k > 0 else None  # k varies: no one theory
     capture_s = sum(r.warmup_ms for r in recorder.rounds) / 1000
     warmup_s = capture_s + startup_s
     result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - capture_s, work,
