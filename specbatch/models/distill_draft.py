@@ -130,9 +130,9 @@ def distill(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe: Di
 
 
 def distill_bundled(pair_dir: Path, checkpoint_dir: Path, recipe: DistillRecipe = DistillRecipe()) -> dict:
-    """The pair's last stage: distill `pair_dir/draft` (pre-trained on text) in place from
-    `pair_dir/target`, and record the distillation, held-out loss and greedy acceptance in the
-    pair's card.json."""
+    """The pair's last stage: distill the draft in place from `pair_dir/target` (from the one in
+    `pair_dir/draft` if the recipe pre-trained it on text, else from a fresh one of its shape), and
+    record the distillation, held-out loss and greedy acceptance in the pair's card.json."""
     card_path = pair_dir / "card.json"
     card = json.loads(card_path.read_text())
     draft_dir = pair_dir / "draft"

@@ -1,8 +1,9 @@
 """The training recipe of the bundled demo pair: `specbatch models train-demo`.
 
-A byte-level BPE tokenizer, a Llama target trained on code + prose and a much smaller Llama draft
-pre-trained on code only (distill_draft.py then teaches it the target). Every number in the model
-card is measured on the held-out split, so re-running the recipe re-measures it.
+A byte-level BPE tokenizer, a Llama target trained on code + prose and a one-layer Llama draft that
+distill_draft.py then distills from the target (after `draft_steps` of next-token pre-training on
+code; none by default). Every number in the model card is measured on the held-out split, so
+re-running the recipe re-measures it.
 """
 
 from __future__ import annotations
