@@ -77,15 +77,21 @@ def max_context(config: JobConfig, models: Models) -> int:
     return min(config.capacity.max_context or positions, positions)
 
 
+def kv_bytes_per_token(models: Models) -> int:
+    """KV bytes one position costs in the target's cache and the draft model's (in the target's dtype)."""
+    dtype = models.target.dtype
+    per_token = kv_shape(models.target).bytes_per_token(dtype)
+    if models.draft is not None:
+        per_token += kv_shape(models.draft).bytes_per_token(dtype)
+    return per_token
+
+
 def kv_capacity_tokens(config: JobConfig, models: Models, slot_len: int) -> int:
-    c, dtype = config.capacity, models.target.dtype
+    c = config.capacity
     if c.kv_tokens:
         return c.kv_tokens
     if c.kv_bytes:
-        per_token = kv_shape(models.target).bytes_per_token(dtype)
-        if models.draft is not None:
-            per_token += kv_shape(models.draft).bytes_per_token(dtype)
-        return c.kv_bytes // per_token
+        return c.kv_bytes // kv_bytes_per_token(models)
     return config.scheduler.max_batch_rows * slot_len
 
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from specbatch.config import ConfigError, JobConfig
-from specbatch.engine.build import Models, eos_token_ids, kv_shape, max_context
+from specbatch.engine.build import Models, eos_token_ids, kv_bytes_per_token, max_context
 from specbatch.engine.loading import resolve_dir
 from specbatch.lab.prompts import BenchPrompt
 
@@ -40,6 +40,7 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
              timeout_s: float = 3600) -> dict:
     """vLLM's results: {"vllm_version", "results": [{mode, batch_rows, startup_s, wall_s, outputs | error}]}."""
     python = check_venv(venv)
+    max_model_len = max_context(config, models)
     modes = [mode for mode in PEER_MODES if (mode in drafters or mode == "none") and request_has(config, mode)]
     request = {
         "target": str(resolve_dir(config.models.target)),
@@ -47,8 +48,11 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
         "eagle": str(resolve_dir(config.models.eagle)) if config.models.eagle else None,
         "num_speculative_tokens": max(num_speculative_tokens, 1),
         "ngram_min": config.drafter.ngram_min, "ngram_max": config.drafter.ngram_max,
-        "max_model_len": max_context(config, models), "enforce_eager": False,
-        "kv_cache_bytes": kv_cache_bytes(models, max_context(config, models), max(batch_sizes)),
+        "max_model_len": max_model_len, "enforce_eager": False,
+        # explicit, because vLLM's CPU build otherwise reserves a fraction of the machine's memory and
+        # refuses to start when less is free (as inside a bench that holds the models and HF's batches);
+        # every row at full length, twice over (a head's draft layers, block rounding)
+        "kv_cache_bytes": max(2 * kv_bytes_per_token(models) * max_model_len * max(batch_sizes), 64 << 20),
         "eos": sorted(eos_token_ids(models)), "batch_sizes": list(batch_sizes),
         "modes": modes,
         "prompts": [{"request_id": p.request_id, "prompt_ids": list(p.prompt_ids), "max_new_tokens": p.max_new_tokens}
@@ -66,17 +70,6 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
     for failed in (r for r in result["results"] if "error" in r):
         failed["error"] += f" ({causes[0].strip()[:300]})" if causes else ""  # the engine's root cause, first seen
     return result
-
-
-def kv_cache_bytes(models: Models, max_model_len: int, max_batch_rows: int) -> int:
-    """The KV cache vLLM gets: every row at full length, target and draft, twice over (draft layers
-    of a head, block rounding). Explicit, because vLLM's CPU build otherwise reserves a fraction of
-    the machine's memory and refuses to start when less is free (as inside a bench that already
-    holds the models and HF's batches)."""
-    per_token = kv_shape(models.target).bytes_per_token(models.target.dtype)
-    if models.draft is not None:
-        per_token += kv_shape(models.draft).bytes_per_token(models.draft.dtype)
-    return max(2 * per_token * max_model_len * max_batch_rows, 64 << 20)
 
 
 def request_has(config: JobConfig, mode: str) -> bool:
