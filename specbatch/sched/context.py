@@ -4,7 +4,7 @@ every policy built for it, so the simulator and the real engine give policies th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from specbatch.core import RoundPlan, Row
 from specbatch.records import RoundRecord
@@ -62,8 +62,8 @@ class SchedContext:
             draft_prefill_ms = (cost.draft_passes + cost.draft_rows * num_draft_prefill_rows
                                 if num_draft_prefill_rows else 0.0)
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost
-            self.draft_gate.observe(record.num_committed, record.round_ms - record.warmup_ms - record.prefill_ms
-                                    + draft_prefill_ms, learning)
+            decode_ms = record.round_ms - record.warmup_ms - record.prefill_ms + draft_prefill_ms
+            self.draft_gate.observe(record.num_decode_rows, record.num_committed, decode_ms, learning)
 
     def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s
@@ -72,67 +72,130 @@ class SchedContext:
 
 
 @dataclass
-class DraftGate:
-    """Whether drafting pays, measured rather than predicted: rounds run in epochs of `epoch_rounds`
-    decode rounds, each either as the lookahead policy plans them (`drafts`) or with k = 0 for every
-    row (`plain`), and each mode's committed tokens per millisecond of decoding is kept as a moving
-    average over its epochs. Decoding only: a prefill costs the same in either mode, and how many
-    fall in an epoch is chance that would swamp the difference; the draft cache a drafting epoch
-    fills beside a prefill is drafting's cost and is counted (`observe`).
+class _ModeSums:
+    """A mode's rounds in one comparison: tokens per ms as a ratio estimate, with its standard error."""
 
-    An epoch runs the faster mode, except that the other is explored after `explore_after` epochs,
-    an interval that doubles (up to `max_explore_after`) each time exploring confirms the choice and
-    starts again when it does not, so a drafter that clearly loses (or wins) costs little exploring,
-    and a change in the batch or the drafter's acceptance is still noticed. The first two epochs
-    measure one of each. Ties go to plain decoding (drafting must be `margin` faster), except while
-    the round-time model has not yet measured drafting (`learning`): then the policy keeps k near 0,
-    the modes tie, and only the drafting mode lets it learn.
+    tokens: float = 0.0
+    ms: float = 0.0
+    rows: float = 0.0
+    rounds: float = 0.0
+    tokens_sq: float = 0.0
+    tokens_ms: float = 0.0
+    ms_sq: float = 0.0
+
+    def add(self, num_rows: int, tokens: float, ms: float) -> None:
+        self.tokens, self.ms, self.rows, self.rounds = self.tokens + tokens, self.ms + ms, self.rows + num_rows, \
+            self.rounds + 1
+        self.tokens_sq, self.tokens_ms, self.ms_sq = self.tokens_sq + tokens**2, self.tokens_ms + tokens * ms, \
+            self.ms_sq + ms**2
+
+    def decayed(self, weight: float) -> _ModeSums:
+        """The same rate from `weight` times the evidence: what an older comparison still says."""
+        return _ModeSums(*(weight * value for value in astuple(self)))
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.ms if self.ms > 0 else 0.0
+
+    @property
+    def variance(self) -> float:
+        """Of the ratio estimate: Σ(tᵢ − R·mᵢ)² / (n − 1) · n / (Σm)² (the delta method)."""
+        if self.rounds < 2:
+            return float("inf")
+        r = self.rate
+        residual = max(self.tokens_sq - 2 * r * self.tokens_ms + r * r * self.ms_sq, 0.0)
+        return residual / (self.rounds - 1) * self.rounds / self.ms**2
+
+
+@dataclass
+class DraftGate:
+    """Whether drafting pays, measured rather than predicted, side by side: a *comparison* runs decode
+    rounds alternately as the lookahead policy plans them (drafting) and with k = 0 for every row
+    (plain); the faster mode by committed tokens per millisecond of decoding then runs alone for an
+    *interval* of rounds, and the next comparison follows. Alternating round by round is what makes
+    the comparison fair on a machine whose speed drifts by a third within seconds: both modes meet
+    the same drift, where modes timed in epochs apart met different machines (an earlier gate sent a
+    fifth of a batch-1 job's rounds to plain decoding where drafting paid 1.3×). A comparison ends
+    once each mode has `min_compare_rounds` rounds and the two rates differ by `z` standard errors
+    (a clear winner costs a few rounds), or each has `compare_rows` decode rows (a near tie, where a
+    wrong choice costs little). Earlier comparisons count too, at `memory` times their weight per
+    comparison since: each is fair in itself, and while the winner stays the same a comparison then
+    ends after `min_compare_rounds`, a few plain rounds per interval where drafting clearly pays (at
+    batch 1 a drafting round's tokens vary by 40%). Decoding only: a prefill costs the same in either mode, and how many
+    fall in a round is chance; the draft cache filled beside a prefill is counted
+    (`SchedContext.observe_round`). After plain rounds the first drafting round is not counted: it
+    catches the draft cache up on what they committed, a cost paid once per switch, not per round.
+
+    The interval doubles from `min_interval` to `max_interval` rounds while comparisons confirm the
+    choice and starts again when one does not, so a clear winner costs little comparing and a change
+    in the batch or the drafter's acceptance is still noticed. Ties go to plain decoding (drafting
+    must be `margin` faster), except while the round-time model has not yet measured drafting
+    (`learning`): then the policy keeps k near 0, the modes tie, and only drafting lets it learn.
 
     A cost model can be wrong in ways a refit does not fix (its features miss a cost, its k = 0
     prediction is an extrapolation from rounds that drafted); this bounds what a wrong belief costs."""
 
-    epoch_rounds: int = 16
-    min_explore_after: int = 2
-    max_explore_after: int = 32
-    smoothing: float = 0.5
+    compare_rows: int = 64
+    min_compare_rounds: int = 4
+    z: float = 3.0
+    min_interval: int = 64
+    max_interval: int = 2048
     margin: float = 0.03
-    rates: dict[bool, float] = field(default_factory=dict, init=False)  # drafts? -> tokens per ms
-    drafts: bool = field(default=True, init=False)  # the mode of the current epoch
-    explore_after: int = field(init=False)  # epochs in the chosen mode before the other is explored
-    _since_explored: int = field(default=0, init=False)  # epochs in the chosen mode since
-    _choice: bool | None = field(default=None, init=False)  # the chosen mode before an exploring epoch
-    _tokens: int = field(default=0, init=False)  # the current epoch's so far
-    _ms: float = field(default=0.0, init=False)
-    _rounds: int = field(default=0, init=False)
+    memory: float = 0.5
+    drafts: bool = field(default=True, init=False)  # the mode of the next decode round
+    choice: bool | None = field(default=None, init=False)  # the last comparison's winner
+    interval: int = field(init=False)  # rounds the winner runs alone before the next comparison
+    comparing: bool = field(default=True, init=False)
+    _left: int = field(default=0, init=False)  # rounds left in the interval
+    _sums: dict[bool, _ModeSums] = field(init=False)  # this comparison's and, decayed, earlier ones'
+    _compared: dict[bool, int] = field(init=False)  # rounds in this comparison, per mode
+    _skip_drafting: bool = field(default=False, init=False)  # the next drafting round catches up
 
     def __post_init__(self) -> None:
-        self.explore_after = self.min_explore_after
+        self.interval = self.min_interval
+        self._sums = {True: _ModeSums(), False: _ModeSums()}
+        self._compared = {True: 0, False: 0}
 
-    def observe(self, num_committed: int, decode_ms: float, learning: bool = False) -> None:
-        """One round's committed tokens and decoding time; `learning`: drafting's cost not yet measured."""
-        if num_committed == 0 or decode_ms <= 0:
+    def observe(self, num_rows: int, num_committed: int, decode_ms: float, learning: bool = False) -> None:
+        """One round's decode rows, committed tokens and decoding time; `learning`: drafting's cost
+        not yet measured."""
+        if num_rows == 0 or num_committed == 0 or decode_ms <= 0:
             return  # a round of prefills only
-        self._tokens, self._ms, self._rounds = self._tokens + num_committed, self._ms + decode_ms, self._rounds + 1
-        if self._rounds < self.epoch_rounds:
+        if not self.comparing:
+            self._left -= 1
+            if self._left <= 0:
+                self._skip_drafting = not self.drafts  # after plain rounds the draft cache lags
+                self.comparing, self.drafts = True, not self.drafts
             return
-        rate = self._tokens / self._ms
-        old = self.rates.get(self.drafts)
-        self.rates[self.drafts] = rate if old is None else old + self.smoothing * (rate - old)
-        self._tokens, self._ms, self._rounds = 0, 0.0, 0
-        if len(self.rates) < 2:
+        if self.drafts and self._skip_drafting:
+            self._skip_drafting = False
+        else:
+            self._sums[self.drafts].add(num_rows, num_committed, decode_ms)
+            self._compared[self.drafts] += 1
+        if self._settled():
+            self._decide(learning)
+        else:
             self.drafts = not self.drafts
-            return
-        if learning:
-            best = self.rates[True] * (1 + self.margin) >= self.rates[False]
-        else:
-            best = self.rates[True] >= self.rates[False] * (1 + self.margin)
-        if self._choice is not None:  # an exploring epoch ended
-            confirmed = best == self._choice
-            self.explore_after = min(2 * self.explore_after, self.max_explore_after) if confirmed \
-                else self.min_explore_after
-            self._choice, self._since_explored = None, 0
-        self._since_explored += 1
-        if self._since_explored > self.explore_after:
-            self._choice, self.drafts = best, not best
-        else:
-            self.drafts = best
+
+    def rate(self, drafts: bool) -> float:
+        """Committed tokens per ms in a mode, over the current comparison so far."""
+        return self._sums[drafts].rate
+
+    def _settled(self) -> bool:
+        drafting, plain = self._sums[True], self._sums[False]
+        if min(self._compared.values()) < self.min_compare_rounds:
+            return False
+        if min(drafting.rows, plain.rows) >= self.compare_rows:
+            return True
+        gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate
+        return gap > self.z * (drafting.variance + plain.variance) ** 0.5
+
+    def _decide(self, learning: bool) -> None:
+        drafting, plain = self.rate(True), self.rate(False)
+        best = drafting * (1 + self.margin) >= plain if learning else drafting >= plain * (1 + self.margin)
+        confirmed = best == self.choice
+        self.interval = min(2 * self.interval, self.max_interval) if confirmed else self.min_interval
+        self.choice = self.drafts = best
+        self.comparing, self._left = False, self.interval
+        self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
+        self._compared = {True: 0, False: 0}
