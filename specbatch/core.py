@@ -202,6 +202,7 @@ class RoundOutcome:
     proposals: Proposals | None = None
     num_draft_prefill_rows: int = 0  # > 0: the draft cache was filled alongside the prefill chunks
     prefill_ms: float = 0.0
+    draft_prefill_ms: float = 0.0  # of prefill_ms: filling the draft cache alongside
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     warmup_ms: float = 0.0  # capturing graphs before this round's passes (a worker's first round)

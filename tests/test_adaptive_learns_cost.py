@@ -100,17 +100,17 @@ def gate_modes(rates: dict[bool, float], num_rounds: int, learning: bool = False
 
 def test_the_draft_gate_settles_on_the_faster_mode_and_compares_ever_more_rarely():
     modes = gate_modes({True: 8.0, False: 10.0}, 8000)
-    assert modes[0] and not modes[1]  # a comparison first, round by round
+    assert modes[:6] == [True] * 3 + [False] * 3  # a comparison first, in blocks of 3 rounds
     drafting = [i for i, drafts in enumerate(modes) if drafts]
     assert sum(modes[2000:]) < 0.01 * 6000  # intervals double up to 2,048 rounds
     assert all(b - a <= 2048 + 64 for a, b in zip(drafting, drafting[1:], strict=False))  # never stops looking
     assert sum(gate_modes({True: 14.0, False: 10.0}, 8000)) > 0.99 * 8000  # and the other way round
 
 
-def test_a_tie_goes_to_plain_decoding_unless_drafting_is_still_being_measured():
+def test_a_tie_goes_to_plain_decoding_and_nothing_is_compared_while_drafting_is_being_measured():
     # a near tie is compared often (noise flips it), but each compared round costs next to nothing
     assert sum(gate_modes({True: 10.0, False: 10.1}, 4000)) < 0.1 * 4000
-    assert sum(gate_modes({True: 10.0, False: 10.1}, 4000, learning=True)) > 0.9 * 4000
+    assert all(gate_modes({True: 5.0, False: 10.0}, 4000, learning=True))
 
 
 def test_the_draft_gate_notices_when_drafting_starts_to_pay():

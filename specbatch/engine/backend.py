@@ -68,7 +68,11 @@ class HFBackend:
                                                            keep_logits=False)
             self._observe(rows, [r.num_computed for r in rows], [len(chunk) for chunk in chunks])
             if plan.draft_prefill:
+                self._sync()
+                draft_started = time.perf_counter()
                 outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
+                self._sync()
+                outcome.draft_prefill_ms = (time.perf_counter() - draft_started) * 1000
             self._sync()
             outcome.prefill_ms = (time.perf_counter() - started) * 1000
         if plan.decode:

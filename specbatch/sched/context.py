@@ -45,6 +45,13 @@ class SchedContext:
     def tokens_per_round(self, row: Row) -> float:
         return expected_tokens(self.alpha(row), self.typical_k(row))
 
+    @property
+    def fills_draft_cache(self) -> bool:
+        """Whether a prefill fills the draft cache too: while rows draft, and while the draft gate
+        compares (else a row that joins in a plain round lags by its whole prompt, and the next
+        drafting round, which the comparison counts, would catch it up)."""
+        return self.drafting or (self.draft_gate is not None and self.draft_gate.comparing)
+
     def observe_plan(self, plan: RoundPlan, num_running: int, smoothing: float = 0.2) -> None:
         self.num_running = num_running
         self.num_plans += 1
@@ -53,17 +60,17 @@ class SchedContext:
             self.recent_k += smoothing * (mean_k - self.recent_k)
             self.drafting = any(k > 0 for _, k in plan.decode)
 
-    def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int) -> None:
-        """A round ran: with learn_cost, its measured time refines the round-time model."""
+    def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:
+        """A round ran: with learn_cost, its measured time refines the round-time model. The draft
+        cache it filled beside its prefill (`num_draft_prefill_rows` in `draft_prefill_ms`, part of
+        the record's prefill time) is a cost of drafting, whichever mode the round ran in."""
         if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_rows)):
             self.round_cost.cost = refitted
         if self.draft_gate is not None:
-            cost = self.round_cost.cost  # the draft cache filled beside a prefill: drafting's, at the model's price
-            draft_prefill_ms = (cost.draft_passes + cost.draft_rows * num_draft_prefill_rows
-                                if num_draft_prefill_rows else 0.0)
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost
-            decode_ms = record.round_ms - record.warmup_ms - record.prefill_ms + draft_prefill_ms
+            decode_ms = record.round_ms - record.warmup_ms - record.prefill_ms
             self.draft_gate.observe(record.num_decode_rows, record.num_committed, decode_ms, learning)
+            self.draft_gate.charge_drafting(draft_prefill_ms)
 
     def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s
@@ -109,34 +116,39 @@ class _ModeSums:
 
 @dataclass
 class DraftGate:
-    """Whether drafting pays, measured rather than predicted, side by side: a *comparison* runs decode
-    rounds alternately as the lookahead policy plans them (drafting) and with k = 0 for every row
-    (plain); the faster mode by committed tokens per millisecond of decoding then runs alone for an
-    *interval* of rounds, and the next comparison follows. Alternating round by round is what makes
-    the comparison fair on a machine whose speed drifts by a third within seconds: both modes meet
-    the same drift, where modes timed in epochs apart met different machines (an earlier gate sent a
-    fifth of a batch-1 job's rounds to plain decoding where drafting paid 1.3×). A comparison ends
+    """Whether drafting pays, measured rather than predicted, side by side: a *comparison* alternates
+    blocks of `block_rounds` decode rounds as the lookahead policy plans them (drafting) and with
+    k = 0 for every row (plain); the faster mode by committed tokens per millisecond of decoding then
+    runs alone for an *interval* of rounds, and the next comparison follows. Alternating in short
+    blocks is what makes the comparison fair on a machine whose speed drifts by a third within
+    seconds: both modes meet the same drift, where modes timed in epochs apart met different machines
+    (an earlier gate sent a fifth of a batch-1 job's rounds to plain decoding where drafting paid
+    1.3×). The first drafting round of a block is not counted: it catches the draft cache up on what
+    the plain rounds before it committed, a cost paid once per switch, not per round (alternating
+    single rounds, every drafting round paid it, and at batch 32 it made k = 1 tie with plain
+    decoding where k = 2 beat it by 9%). A comparison ends
     once each mode has `min_compare_rounds` rounds and the two rates differ by `z` standard errors
     (a clear winner costs a few rounds), or each has `compare_rows` decode rows (a near tie, where a
     wrong choice costs little). Earlier comparisons count too, at `memory` times their weight per
     comparison since: each is fair in itself, and while the winner stays the same a comparison then
     ends after `min_compare_rounds`, a few plain rounds per interval where drafting clearly pays (at
-    batch 1 a drafting round's tokens vary by 40%). Decoding only: a prefill costs the same in either mode, and how many
-    fall in a round is chance; the draft cache filled beside a prefill is counted
-    (`SchedContext.observe_round`). After plain rounds the first drafting round is not counted: it
-    catches the draft cache up on what they committed, a cost paid once per switch, not per round.
+    batch 1 a drafting round's tokens vary by 40%). Decoding only: a prefill costs the same in
+    either mode, and how many fall in a round is chance; the draft cache filled beside a prefill is
+    charged to drafting (`charge_drafting`).
 
     The interval doubles from `min_interval` to `max_interval` rounds while comparisons confirm the
     choice and starts again when one does not, so a clear winner costs little comparing and a change
     in the batch or the drafter's acceptance is still noticed. Ties go to plain decoding (drafting
-    must be `margin` faster), except while the round-time model has not yet measured drafting
-    (`learning`): then the policy keeps k near 0, the modes tie, and only drafting lets it learn.
+    must be `margin` faster). Nothing is compared while the round-time model has not yet measured
+    drafting (`learning`): a policy that believes drafts too dear keeps k near 0 and probes, and
+    its drafting would show only the draft cache's cost, never what drafts are worth.
 
     A cost model can be wrong in ways a refit does not fix (its features miss a cost, its k = 0
     prediction is an extrapolation from rounds that drafted); this bounds what a wrong belief costs."""
 
     compare_rows: int = 64
-    min_compare_rounds: int = 4
+    min_compare_rounds: int = 2
+    block_rounds: int = 3
     z: float = 3.0
     min_interval: int = 64
     max_interval: int = 2048
@@ -150,6 +162,7 @@ class DraftGate:
     _sums: dict[bool, _ModeSums] = field(init=False)  # this comparison's and, decayed, earlier ones'
     _compared: dict[bool, int] = field(init=False)  # rounds in this comparison, per mode
     _skip_drafting: bool = field(default=False, init=False)  # the next drafting round catches up
+    _block: int = field(default=0, init=False)  # rounds of the current mode in this comparison
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
@@ -161,24 +174,43 @@ class DraftGate:
         not yet measured."""
         if num_rows == 0 or num_committed == 0 or decode_ms <= 0:
             return  # a round of prefills only
+        if learning:
+            self.drafts = True  # let the policy's probes measure drafting before anything compares it
+            return
         if not self.comparing:
             self._left -= 1
             if self._left <= 0:
                 self._skip_drafting = not self.drafts  # after plain rounds the draft cache lags
                 self.comparing, self.drafts = True, not self.drafts
             return
-        if self.drafts and self._skip_drafting:
+        if self.catches_up:
             self._skip_drafting = False
         else:
             self._sums[self.drafts].add(num_rows, num_committed, decode_ms)
             self._compared[self.drafts] += 1
+        self._block += 1
         if self._settled():
-            self._decide(learning)
-        else:
+            self._decide()
+        elif self._block >= self.block_rounds:
+            self._block, self._skip_drafting = 0, not self.drafts
             self.drafts = not self.drafts
 
+    @property
+    def catches_up(self) -> bool:
+        """Whether the next round is the first to draft after plain rounds: the draft cache lags by
+        what they committed (by whole prompts, for rows that joined meanwhile), a catch-up paid once
+        for every round drafting may then run, not spread over a few."""
+        return self.drafts and self._skip_drafting
+
+    def charge_drafting(self, ms: float) -> None:
+        """Time only drafting needs but that fell outside decoding (the draft cache filled beside a
+        prefill, in a round of either mode): half of it while comparing, as drafting runs half the
+        rounds. Drafting alone would fill it for every prefill; plain decoding, never."""
+        if self.comparing and ms > 0:
+            self._sums[True].ms += ms / 2
+
     def rate(self, drafts: bool) -> float:
-        """Committed tokens per ms in a mode, over the current comparison so far."""
+        """Committed tokens per ms in a mode, over the comparisons so far."""
         return self._sums[drafts].rate
 
     def _settled(self) -> bool:
@@ -190,12 +222,11 @@ class DraftGate:
         gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate
         return gap > self.z * (drafting.variance + plain.variance) ** 0.5
 
-    def _decide(self, learning: bool) -> None:
-        drafting, plain = self.rate(True), self.rate(False)
-        best = drafting * (1 + self.margin) >= plain if learning else drafting >= plain * (1 + self.margin)
+    def _decide(self) -> None:
+        best = self.rate(True) >= self.rate(False) * (1 + self.margin)
         confirmed = best == self.choice
         self.interval = min(2 * self.interval, self.max_interval) if confirmed else self.min_interval
         self.choice = self.drafts = best
-        self.comparing, self._left = False, self.interval
+        self.comparing, self._left, self._block = False, self.interval, 0
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}

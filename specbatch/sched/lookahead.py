@@ -69,14 +69,15 @@ class AdaptiveLookahead:
 
     Hysteresis: the previous round's K is kept unless another K is `hysteresis` better. A row that
     stopped drafting must catch its draft cache up (its lag, padded across drafting rows at step 0):
-    that switching cost is counted in T, spread over `switch_horizon` rounds since it is paid once.
+    that switching cost is counted in T, spread over `switch_horizon` rounds since it is paid once;
+    after the draft gate's plain rounds, over the gate's interval (what drafting may then run).
 
     Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
     domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n). Where
     the round-time model is learnt on the run (`SchedContext.cost_fit`) and too few rounds drafted to
     measure the draft cost, every `probe_every`-th plan without drafts drafts one token for the row
     that lags least, at the price of one draft pass, so a pessimistic prior cannot keep k at 0. With a
-    draft gate (`SchedContext.draft_gate`), its plain epochs plan k = 0 for every row.
+    draft gate (`SchedContext.draft_gate`), its plain rounds plan k = 0 for every row.
     """
 
     ctx: SchedContext
@@ -103,7 +104,10 @@ class AdaptiveLookahead:
         return ks
 
     def _choose(self, rows: list[Row], caps: list[int]) -> list[int]:
-        batch = _Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z)
+        gate = self.ctx.draft_gate
+        horizon = max(self.switch_horizon, gate.interval) if gate is not None and gate.catches_up \
+            else self.switch_horizon
+        batch = _Batch.of(self.ctx, rows, caps, horizon, self.explore_z)
         solutions: dict[int, tuple[float, list[int]]] = {}
         num_worse = 0
         for k_max in range(max(caps) + 1):

@@ -50,6 +50,7 @@ class OnlineCostFit:
     rounds: deque[_Round] = field(init=False)
     drafted: deque[_Round] = field(init=False)
     num_seen: int = field(default=0, init=False)
+    _fitted_on_drafted: int = field(default=0, init=False)  # drafted rounds the current model saw
 
     def __post_init__(self) -> None:
         self.current = self.prior
@@ -72,13 +73,15 @@ class OnlineCostFit:
         self.num_seen += 1
         if self.num_seen % self.refit_every:
             return None
-        self.current = self.fit()
+        self.current, self._fitted_on_drafted = self.fit(), len(self.drafted)
         return self.current
 
     @property
     def knows_draft_cost(self) -> bool:
-        """Whether enough rounds drafted to measure the draft coefficients."""
-        return len(self.drafted) >= self.min_draft_rounds
+        """Whether the current model's draft coefficients were fitted on enough rounds that drafted
+        (until then they, and the target's per-row price that drafting's longer passes reveal, are
+        the prior's)."""
+        return self._fitted_on_drafted >= self.min_draft_rounds
 
     def fit(self) -> CostModel:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}

@@ -90,7 +90,7 @@ class SimBackend:
             starts = [plan.computed_after_prefill(row) for row, _ in plan.decode]
             outcome.proposals = self._draft(plan.decode, starts, outcome.num_draft_prefill_rows > 0)
             outcome.rows, outcome.verify_shape = self._verify(plan.decode, starts, outcome.proposals)
-        outcome.prefill_ms, outcome.draft_ms, outcome.verify_ms = self._split_ms(outcome)
+        outcome.prefill_ms, outcome.draft_prefill_ms, outcome.draft_ms, outcome.verify_ms = self._split_ms(outcome)
         self.clock.advance((outcome.prefill_ms + outcome.draft_ms + outcome.verify_ms) / 1000)
         return outcome
 
@@ -160,23 +160,22 @@ class SimBackend:
         kv_len = self.buckets.kv_len(max_start + bucket.query_len, self.max_kv_len)
         return PassShape(num_rows, bucket.batch_rows, bucket.query_len, kv_len, num_positions)
 
-    def _split_ms(self, outcome: RoundOutcome) -> tuple[float, float, float]:
-        """(prefill, draft, verify) ms; the intercept is booked to verify. Same features as
-        `CostModel.fit` reads from a rounds table: rows include padding."""
+    def _split_ms(self, outcome: RoundOutcome) -> tuple[float, float, float, float]:
+        """(prefill, draft prefill, draft, verify) ms, booked as the real backend times them: the draft
+        cache filled alongside the prefill is part of the prefill's time, the intercept of verify's.
+        Same features as `CostModel.fit` reads from a rounds table: rows include padding."""
         c = self.cost
-        prefill = verify = 0.0
+        prefill = verify = draft = 0.0
+        draft_prefill = (c.draft_passes + c.draft_rows * outcome.num_draft_prefill_rows
+                         if outcome.num_draft_prefill_rows else 0.0)
         if outcome.prefill_shape is not None:
-            prefill = _pass_ms(c, outcome.prefill_shape)
+            prefill = _pass_ms(c, outcome.prefill_shape) + draft_prefill
         if outcome.verify_shape is not None:
             verify = _pass_ms(c, outcome.verify_shape)
-        proposals = outcome.proposals
-        draft_rows = outcome.num_draft_prefill_rows
-        draft_passes = int(outcome.num_draft_prefill_rows > 0)
-        if proposals is not None:
-            draft_rows += proposals.num_draft_rows + proposals.num_padded_draft_rows
-            draft_passes += proposals.num_passes
-        draft = c.draft_passes * draft_passes + c.draft_rows * draft_rows
-        return prefill, draft, c.intercept_ms + verify
+        if (proposals := outcome.proposals) is not None:
+            draft = (c.draft_passes * proposals.num_passes
+                     + c.draft_rows * (proposals.num_draft_rows + proposals.num_padded_draft_rows))
+        return prefill, draft_prefill, draft, c.intercept_ms + verify
 
 
 def _pass_ms(cost: CostModel, shape: PassShape) -> float:
