@@ -161,7 +161,7 @@ class DraftGate:
     _left: int = field(default=0, init=False)  # rounds left in the interval
     _sums: dict[bool, _ModeSums] = field(init=False)  # this comparison's and, decayed, earlier ones'
     _compared: dict[bool, int] = field(init=False)  # rounds in this comparison, per mode
-    _skip_drafting: bool = field(default=False, init=False)  # the next drafting round catches up
+    _skip_drafting: bool = field(default=True, init=False)  # the next drafting round catches up
     _block: int = field(default=0, init=False)  # rounds of the current mode in this comparison
 
     def __post_init__(self) -> None:
@@ -197,9 +197,9 @@ class DraftGate:
 
     @property
     def catches_up(self) -> bool:
-        """Whether the next round is the first to draft after plain rounds: the draft cache lags by
-        what they committed (by whole prompts, for rows that joined meanwhile), a catch-up paid once
-        for every round drafting may then run, not spread over a few."""
+        """Whether the next round is the first to draft after plain rounds (or at all): the draft cache
+        lags by what they committed (by whole prompts, for rows that joined meanwhile), a catch-up
+        paid once for every round drafting may then run, not spread over a few."""
         return self.drafts and self._skip_drafting
 
     def charge_drafting(self, ms: float) -> None:

@@ -127,7 +127,10 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
                         cost_fit=OnlineCostFit(round_cost.cost) if learns else None,
-                        draft_gate=DraftGate() if learns else None)
+                        draft_gate=DraftGate() if learns else None,
+                        # with a gate, whether anything drafts is measured: the prompts prefilled
+                        # before the first decode round fill the draft cache only if it drafts
+                        drafting=not learns)
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None
