@@ -126,15 +126,15 @@ class DraftGate:
     1.3×). The first drafting round of a block is not counted: it catches the draft cache up on what
     the plain rounds before it committed, a cost paid once per switch, not per round (alternating
     single rounds, every drafting round paid it, and at batch 32 it made k = 1 tie with plain
-    decoding where k = 2 beat it by 9%). A comparison ends
-    once each mode has `min_compare_rounds` rounds and the two rates differ by `z` standard errors
-    (a clear winner costs a few rounds), or each has `compare_rows` decode rows (a near tie, where a
-    wrong choice costs little). Earlier comparisons count too, at `memory` times their weight per
-    comparison since: each is fair in itself, and while the winner stays the same a comparison then
-    ends after `min_compare_rounds`, a few plain rounds per interval where drafting clearly pays (at
-    batch 1 a drafting round's tokens vary by 40%). Decoding only: a prefill costs the same in
-    either mode, and how many fall in a round is chance; the draft cache filled beside a prefill is
-    charged to drafting (`charge_drafting`).
+    decoding where k = 2 beat it by 9%). A comparison ends once each mode has `min_compare_rounds`
+    rounds and the two rates differ by `z` standard errors (a clear winner costs a few rounds), or
+    each has `compare_rows` decode rows (a near tie, where a wrong choice costs little). Earlier
+    comparisons count too, at `memory` times their weight per comparison since: each is fair in
+    itself, and while the winner stays the same a comparison then ends after `min_compare_rounds`,
+    a few plain rounds per interval where drafting clearly pays (at batch 1 a drafting round's
+    tokens vary by 40%). Decoding only: a prefill costs the same in either mode, and how many fall
+    in a round is chance; the draft cache filled beside a prefill is charged to drafting
+    (`charge_drafting`).
 
     The interval doubles from `min_interval` to `max_interval` rounds while comparisons confirm the
     choice and starts again when one does not, so a clear winner costs little comparing and a change
@@ -157,7 +157,7 @@ class DraftGate:
     drafts: bool = field(default=True, init=False)  # the mode of the next decode round
     choice: bool | None = field(default=None, init=False)  # the last comparison's winner
     interval: int = field(init=False)  # rounds the winner runs alone before the next comparison
-    comparing: bool = field(default=True, init=False)
+    comparing: bool = field(default=False, init=False)  # (the first starts once `learning` ends)
     _left: int = field(default=0, init=False)  # rounds left in the interval
     _sums: dict[bool, _ModeSums] = field(init=False)  # this comparison's and, decayed, earlier ones'
     _compared: dict[bool, int] = field(init=False)  # rounds in this comparison, per mode
