@@ -83,10 +83,12 @@ def test_the_fit_recovers_round_costs_and_keeps_unmeasured_draft_costs(drafts):
 
 
 def gate_modes(rates: dict[bool, float], num_rounds: int, learning: bool = False,
-               speed=lambda i: 1.0, rates_from: int = 0, later: dict[bool, float] | None = None) -> list[bool]:
+               speed=lambda i: 1.0, rates_from: int = 0, later: dict[bool, float] | None = None,
+               catch_up_ms: float = 0.0) -> list[bool]:
     """The mode of each decode round a gate runs when drafting commits rates[True] tokens per ms and
     plain decoding rates[False] (4 rows; a round of 10 ms times the machine's slowness `speed(i)`;
-    `later` rates from round `rates_from` on; one prefill-only round in 8 that must not count)."""
+    `later` rates from round `rates_from` on; one prefill-only round in 8 that must not count; the
+    first drafting round after plain ones `catch_up_ms` longer, the draft cache catching up)."""
     gate, modes, noise = DraftGate(), [], random.Random(0)
     for i in range(num_rounds):
         if i % 8 == 0:
@@ -94,7 +96,10 @@ def gate_modes(rates: dict[bool, float], num_rounds: int, learning: bool = False
         modes.append(gate.drafts)
         rate = (later if later is not None and i >= rates_from else rates)[gate.drafts]
         ms = 10.0 * speed(i) * noise.uniform(0.95, 1.05)
-        gate.observe(4, max(4, round(10.0 * rate * noise.uniform(0.9, 1.1))), ms, learning)
+        tokens = max(4, round(10.0 * rate * noise.uniform(0.9, 1.1)))
+        if gate.drafts and i > 0 and not modes[-2]:
+            ms += catch_up_ms
+        gate.observe(4, tokens, ms, learning)
     return modes
 
 
@@ -117,6 +122,12 @@ def test_the_draft_gate_notices_when_drafting_starts_to_pay():
     modes = gate_modes({True: 8.0, False: 10.0}, 12000, rates_from=6000, later={True: 14.0, False: 10.0})
     assert sum(modes[:6000]) < 0.03 * 6000
     assert sum(modes[6000 + 2048 + 64:]) > 0.99 * len(modes[6000 + 2048 + 64:])  # within one interval
+
+
+def test_the_draft_caches_catch_up_after_plain_rounds_is_not_taken_for_drafting_s_cost():
+    """Switching to drafting pays once for the tokens the plain rounds committed; a steady drafting
+    round does not, and that is what drafting would run for an interval."""
+    assert sum(gate_modes({True: 12.0, False: 10.0}, 8000, catch_up_ms=12.0)) > 0.97 * 8000
 
 
 @pytest.mark.parametrize("period", [7, 37, 300])

@@ -204,10 +204,11 @@ class DraftGate:
 
     def charge_drafting(self, ms: float) -> None:
         """Time only drafting needs but that fell outside decoding (the draft cache filled beside a
-        prefill, in a round of either mode): half of it while comparing, as drafting runs half the
-        rounds. Drafting alone would fill it for every prefill; plain decoding, never."""
+        prefill, in a round of either mode): drafting alone would fill it for every prefill, plain
+        decoding never, so while comparing drafting is charged its counted rounds' share of it (2 of
+        every 6 rounds with blocks of 3: prefills fall in rounds of either mode alike)."""
         if self.comparing and ms > 0:
-            self._sums[True].ms += ms / 2
+            self._sums[True].ms += ms * (self.block_rounds - 1) / (2 * self.block_rounds)
 
     def rate(self, drafts: bool) -> float:
         """Committed tokens per ms in a mode, over the comparisons so far."""
