@@ -91,10 +91,13 @@ class _ModeSums:
     ms_sq: float = 0.0
 
     def add(self, num_rows: int, tokens: float, ms: float) -> None:
-        self.tokens, self.ms, self.rows, self.rounds = self.tokens + tokens, self.ms + ms, self.rows + num_rows, \
-            self.rounds + 1
-        self.tokens_sq, self.tokens_ms, self.ms_sq = self.tokens_sq + tokens**2, self.tokens_ms + tokens * ms, \
-            self.ms_sq + ms**2
+        self.tokens += tokens
+        self.ms += ms
+        self.rows += num_rows
+        self.rounds += 1
+        self.tokens_sq += tokens**2
+        self.tokens_ms += tokens * ms
+        self.ms_sq += ms**2
 
     def decayed(self, weight: float) -> _ModeSums:
         """The same rate from `weight` times the evidence: what an older comparison still says."""
