@@ -80,6 +80,33 @@ def test_adaptive_respects_caps_and_hysteresis():
     assert policy.choose(decoding_rows(1, GOOD), [3]) == [3] and policy.last_k_max == 3
 
 
+def test_adaptive_does_not_catch_up_a_lag_a_row_cannot_repay():
+    """A draft cache 40 tokens behind is worth catching up for rows with 60 tokens to go, not for
+    rows 4 tokens from their cap: the catch-up is spread over the rounds a row may still draft,
+    not over a fixed horizon it will not live to see."""
+    def lagging_rows(tokens_left: int) -> list:
+        rows = [make_row(f"r{i}", 20, 10 + tokens_left, history=[(3, 4)] * 10, num_output=10) for i in range(8)]
+        for row in rows:
+            row.num_draft_computed -= 40
+        return rows
+
+    assert max(AdaptiveLookahead(SchedContext(max_lookahead=4)).choose(lagging_rows(60), [4] * 8)) > 0
+    assert AdaptiveLookahead(SchedContext(max_lookahead=4)).choose(lagging_rows(4), [4] * 8) == [0] * 8
+
+
+def test_admission_prices_rows_at_the_first_plans_k_not_the_initial_guess():
+    """k̂ starts at max_lookahead (nothing planned yet); once a plan says k = 0, admission prices
+    joining rows at k = 0 at once. Smoothed from the guess it read k̂ = 3 a round later, and rows
+    that fit the objective at k = 0 waited for a dozen rounds."""
+    scheduler = make_scheduler("fcfs", "fixed:0", max_rows=8, max_lookahead=4, tpot_slo_ms=12.0)
+    for i in range(5):
+        scheduler.add(make_row(f"r{i}", 100, 50, num_output=1))
+    _, first = scheduler.plan(0.0)
+    assert len(first.admitted) == 1  # the first row always fits; a second at k̂ = 4 would not
+    _, second = scheduler.plan(0.0)
+    assert scheduler.ctx.recent_k == 0.0 and len(second.admitted) == 4
+
+
 def test_slack_fits_the_objective_and_shrinks_with_it():
     ctx = SchedContext(max_lookahead=8)
     rows = decoding_rows(16, [(3, 4)] * 10)

@@ -25,6 +25,7 @@ class SchedContext:
     now_s: float = 0.0  # the clock at the start of the current plan
     num_running: int = 0
     recent_k: float = 0.0  # moving average of the mean planned k over decode rows
+    num_decode_plans: int = 0  # plans with decode rows so far
     num_plans: int = 0  # plans made so far: a version for per-round caches
     cost_fit: OnlineCostFit | None = None  # refits round_cost on the rounds run (scheduler.learn_cost)
     drafting: bool = True  # whether the last round with decode rows drafted for any of them
@@ -53,11 +54,17 @@ class SchedContext:
         return self.drafting or (self.draft_gate is not None and self.draft_gate.comparing)
 
     def observe_plan(self, plan: RoundPlan, num_running: int, smoothing: float = 0.2) -> None:
+        """The first decode plan replaces the initial k̂ (max_lookahead, a guess) outright: smoothed
+        from it, an adaptive policy planning k = 0 still read as k̂ ≥ 1 for a dozen rounds, and
+        admission priced every row it considered at that k (at batch 128 it held 14 prompts back
+        for 12 rounds, their tail then ran at a small batch)."""
         self.num_running = num_running
         self.num_plans += 1
         if plan.decode:
             mean_k = sum(k for _, k in plan.decode) / len(plan.decode)
-            self.recent_k += smoothing * (mean_k - self.recent_k)
+            weight = smoothing if self.num_decode_plans else 1.0
+            self.recent_k += weight * (mean_k - self.recent_k)
+            self.num_decode_plans += 1
             self.drafting = any(k > 0 for _, k in plan.decode)
 
     def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:

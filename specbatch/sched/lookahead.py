@@ -36,10 +36,13 @@ class _Batch:
     @classmethod
     def of(cls, ctx: SchedContext, rows: list[Row], caps: list[int], horizon: float = 1.0,
            explore_z: float = 0.0) -> _Batch:
-        """Lags beyond the pending token are spread over `horizon` rounds (a one-off catch-up); with
-        explore_z > 0, α is its upper confidence bound."""
+        """Lags beyond the pending token are spread over `horizon` rounds (a one-off catch-up), or
+        over the rounds a row may still draft if fewer: its tokens left at 1 + α a round, the least a
+        drafting row commits in expectation (a row 20 tokens from its cap cannot repay a catch-up
+        over 64 rounds); with explore_z > 0, α is its upper confidence bound."""
         alphas = [min(max(ctx.alphas.optimistic_alpha(r, explore_z), 1e-6), 1 - 1e-9) for r in rows]
-        lags = [1 + (draft_lag(r) - 1) / horizon for r in rows]
+        lags = [1 + (draft_lag(r) - 1) / min(horizon, max(1.0, r.num_new_tokens_left / (1 + alpha)))
+                for r, alpha in zip(rows, alphas, strict=True)]
         return cls(alphas, list(caps), [r.num_computed for r in rows], lags)
 
     def shape(self, ks: list[int]) -> DecodeShape:
