@@ -85,18 +85,19 @@ class OnlineCostFit:
 
     def fit(self) -> CostModel:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
-        drafted = self.drafted
-        if drafted:
-            values.update(self._ridge(DRAFT, np.asarray([r.drafting for r in drafted], dtype=float),
-                                      np.asarray([r.draft_ms for r in drafted], dtype=float)))
+        if self.drafted:
+            values.update(self._ridge(DRAFT, np.asarray([r.drafting for r in self.drafted], dtype=float),
+                                      np.asarray([r.draft_ms for r in self.drafted], dtype=float)))
+        def column(name: str) -> np.ndarray:
+            return np.asarray([getattr(r, name) for r in self.rounds], dtype=float)
+
+        target, drafting, draft_prefill = column("target"), column("drafting"), column("draft_prefill")
+        round_ms, draft_ms = column("round_ms"), column("draft_ms")
         draft_price = np.asarray([values[name] for name in DRAFT])
-        x = np.asarray([r.target for r in self.rounds], dtype=float)
-        rest_ms = np.asarray([r.round_ms - r.draft_ms - float(np.dot(r.draft_prefill, draft_price))
-                              for r in self.rounds], dtype=float)
-        values.update(self._ridge(TARGET, x, np.maximum(rest_ms, 1e-3)))
-        fitted = replace(self.prior, **values)
-        relative = [abs(self._predict(fitted, r) - r.round_ms) / r.round_ms for r in self.rounds]
-        return replace(fitted, mape=float(np.mean(relative)), num_rounds=len(self.rounds),
+        values.update(self._ridge(TARGET, target, np.maximum(round_ms - draft_ms - draft_prefill @ draft_price, 1e-3)))
+        predicted = target @ np.asarray([values[name] for name in TARGET]) + (drafting + draft_prefill) @ draft_price
+        return replace(self.prior, **values, mape=float(np.mean(np.abs(predicted - round_ms) / round_ms)),
+                       num_rounds=len(self.rounds),
                        source=f"{self.prior.source}, refitted on {len(self.rounds)} of this worker's rounds")
 
     def _ridge(self, names: tuple[str, ...], x: np.ndarray, y: np.ndarray) -> dict[str, float]:
@@ -110,9 +111,3 @@ class OnlineCostFit:
         solution = nonnegative_lstsq(np.vstack([scaled, np.diag(scale)]),
                                      np.concatenate([y * weights, scale * prior]))
         return {names[i]: float(value) for i, value in zip(seen, solution, strict=True)}
-
-    @staticmethod
-    def _predict(cost: CostModel, r: _Round) -> float:
-        tp, tr, kv = r.target[1:]
-        dp, dr = (a + b for a, b in zip(r.drafting, r.draft_prefill, strict=True))
-        return cost.predict_ms(int(tp), int(tr), int(dp), dr, int(kv))
