@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,13 +30,23 @@ TARGET = ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read")
 DRAFT = ("draft_passes", "draft_rows")
 
 
-@dataclass(frozen=True)
-class _Round:
-    target: tuple[float, ...]  # TARGET features (1 for the intercept); padding counts as work
-    drafting: tuple[float, float]  # DRAFT features of the drafting phase
-    draft_prefill: tuple[float, float]  # DRAFT features of the draft cache filled alongside the prefill
+class _Round(NamedTuple):
+    """One round's features as a flat row of numbers, so that a window of them is one array."""
+
+    intercept: float  # 1: the intercept's feature
+    target_passes: float
+    target_rows: float  # padding counts as work
+    kv_tokens_read: float
+    draft_passes: float  # of the drafting phase
+    draft_rows: float
+    prefill_draft_passes: float  # of the draft cache filled alongside the prefill
+    prefill_draft_rows: float
     round_ms: float
     draft_ms: float
+
+
+# columns of a window of _Round rows
+TARGET_FEATURES, DRAFTING, DRAFT_PREFILL, ROUND_MS, DRAFT_MS = slice(0, 4), slice(4, 6), slice(6, 8), 8, 9
 
 
 @dataclass
@@ -63,12 +74,11 @@ class OnlineCostFit:
             return None
         prefill_passes = int(num_draft_prefill_rows > 0)
         self.rounds.append(_Round(
-            (1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
-             record.num_kv_tokens_read),
-            (record.num_draft_passes - prefill_passes,
-             record.num_draft_rows + record.num_padded_draft_rows - num_draft_prefill_rows),
-            (prefill_passes, num_draft_prefill_rows), record.round_ms, record.draft_ms))
-        if self.rounds[-1].drafting[0] > 0:
+            1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
+            record.num_kv_tokens_read, record.num_draft_passes - prefill_passes,
+            record.num_draft_rows + record.num_padded_draft_rows - num_draft_prefill_rows,
+            prefill_passes, num_draft_prefill_rows, record.round_ms, record.draft_ms))
+        if self.rounds[-1].draft_passes > 0:
             self.drafted.append(self.rounds[-1])
         self.num_seen += 1
         if self.num_seen % self.refit_every:
@@ -86,13 +96,11 @@ class OnlineCostFit:
     def fit(self) -> CostModel:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
         if self.drafted:
-            values.update(self._ridge(DRAFT, np.asarray([r.drafting for r in self.drafted], dtype=float),
-                                      np.asarray([r.draft_ms for r in self.drafted], dtype=float)))
-        def column(name: str) -> np.ndarray:
-            return np.asarray([getattr(r, name) for r in self.rounds], dtype=float)
-
-        target, drafting, draft_prefill = column("target"), column("drafting"), column("draft_prefill")
-        round_ms, draft_ms = column("round_ms"), column("draft_ms")
+            drafted = np.asarray(self.drafted, dtype=float)
+            values.update(self._ridge(DRAFT, drafted[:, DRAFTING], drafted[:, DRAFT_MS]))
+        window = np.asarray(self.rounds, dtype=float)
+        target, drafting, draft_prefill = window[:, TARGET_FEATURES], window[:, DRAFTING], window[:, DRAFT_PREFILL]
+        round_ms, draft_ms = window[:, ROUND_MS], window[:, DRAFT_MS]
         draft_price = np.asarray([values[name] for name in DRAFT])
         values.update(self._ridge(TARGET, target, np.maximum(round_ms - draft_ms - draft_prefill @ draft_price, 1e-3)))
         predicted = target @ np.asarray([values[name] for name in TARGET]) + (drafting + draft_prefill) @ draft_price
