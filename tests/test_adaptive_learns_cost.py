@@ -124,6 +124,22 @@ def test_the_draft_gate_notices_when_drafting_starts_to_pay():
     assert sum(modes[6000 + 2048 + 64:]) > 0.99 * len(modes[6000 + 2048 + 64:])  # within one interval
 
 
+def test_a_comparison_at_batch_1_costs_a_bounded_share_of_its_interval():
+    """One row: a drafting round commits 1, 2 or 3 tokens, so separating a 1.3x winner by 3 standard
+    errors takes dozens of rounds per mode, and after a 64-round interval that is more plain decoding
+    than drafting's lead repays (a 16-prompt batch-1 job spent half its rounds comparing). A
+    comparison counts at most interval / 8 rounds per mode, then the point estimate decides; evidence
+    carries over to the next, longer comparison."""
+    gate, noise, modes = DraftGate(), random.Random(0), []
+    for _ in range(1000):
+        modes.append(gate.drafts)
+        if gate.drafts:
+            gate.observe(1, noise.choice((1, 2, 3)), 6.6 * noise.uniform(0.9, 1.1))
+        else:
+            gate.observe(1, 1, 4.3 * noise.uniform(0.9, 1.1))
+    assert gate.choice is True and 1 - sum(modes) / len(modes) < 0.1  # uncapped: 0.15
+
+
 def test_the_draft_caches_catch_up_after_plain_rounds_is_not_taken_for_drafting_s_cost():
     """Switching to drafting pays once for the tokens the plain rounds committed; a steady drafting
     round does not, and that is what drafting would run for an interval."""

@@ -138,7 +138,11 @@ class DraftGate:
     single rounds, every drafting round paid it, and at batch 32 it made k = 1 tie with plain
     decoding where k = 2 beat it by 9%). A comparison ends once each mode has `min_compare_rounds`
     rounds and the two rates differ by `z` standard errors (a clear winner costs a few rounds), or
-    each has `compare_rows` decode rows (a near tie, where a wrong choice costs little). Earlier
+    each has `compare_rows` decode rows (a near tie, where a wrong choice costs little), or each has
+    1/`max_compare_share` of the interval before it in rounds: at batch 1 a drafting round commits
+    1 to 3 tokens, 3 standard errors took dozens of rounds per mode, and a 16-prompt job spent half
+    its rounds comparing a 1.3x winner; a wrong call on the point estimate costs at most the next
+    interval, which is as short as the comparison was. Earlier
     comparisons count too, at `memory` times their weight per comparison since: each is fair in
     itself, and while the winner stays the same a comparison then ends after `min_compare_rounds`,
     a few plain rounds per interval where drafting clearly pays (at batch 1 a drafting round's
@@ -158,6 +162,7 @@ class DraftGate:
 
     compare_rows: int = 64
     min_compare_rounds: int = 2
+    max_compare_share: int = 8
     block_rounds: int = 3
     z: float = 3.0
     min_interval: int = 64
@@ -229,6 +234,8 @@ class DraftGate:
         if min(self._compared.values()) < self.min_compare_rounds:
             return False
         if min(drafting.rows, plain.rows) >= self.compare_rows:
+            return True
+        if min(self._compared.values()) >= self.interval // self.max_compare_share:
             return True
         gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate
         return gap > self.z * (drafting.variance + plain.variance) ** 0.5
