@@ -132,17 +132,18 @@ class AdaptiveLookahead:
         round_cost = self.ctx.round_cost
         price_per_row = round_cost.cost.draft_rows if round_cost.uses_draft_model else 0.0
         ks = [min(cap, k_max) for cap in batch.caps]
+        shape = batch.shape(ks)
+        rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
         for _ in range(self.num_iterations):
-            shape = batch.shape(ks)
-            rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
             price = rate * price_per_row  # tokens one more draft row costs the batch
             new_ks = [_row_k(a, log_a, min(cap, k_max), price, max(shape.max_lag, lag))
                       for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags,
                                                     strict=True)]
             if new_ks == ks:
                 break
-            ks = new_ks
-        return batch.tokens(ks) / round_cost.decode_ms(batch.shape(ks)), ks
+            ks, shape = new_ks, batch.shape(new_ks)
+            rate = batch.tokens(ks) / round_cost.decode_ms(shape)
+        return rate, ks
 
 
 def _expected_table(alpha: float, cap: int) -> list[float]:
