@@ -107,6 +107,27 @@ def test_admission_prices_rows_at_the_first_plans_k_not_the_initial_guess():
     assert scheduler.ctx.recent_k == 0.0 and len(second.admitted) == 4
 
 
+def test_a_prefill_fills_the_draft_cache_when_its_rows_would_draft():
+    """Before any round has drafted, whether a prefill also fills the draft cache is the policy's
+    call on the rows were their caches current: filling costs the prompt once, not filling costs it
+    later as a catch-up (at batch 32 the first prompts were never filled and never drafted). Next to
+    cold rows that do not draft, one row's drafts would pad every row's verify: no fill."""
+    scheduler = make_scheduler("fcfs", "adaptive", max_rows=8, max_lookahead=4)
+    for i in range(2):
+        scheduler.add(make_row(f"new{i}", 40, 100))
+    plan, _ = scheduler.plan(0.0)
+    assert plan.prefill and not plan.decode and plan.draft_prefill
+
+    scheduler = make_scheduler("fcfs", "adaptive", max_rows=8, max_lookahead=4)
+    for i in range(4):
+        cold = make_row(f"cold{i}", 100, 12, history=[(3, 4)] * 10, num_output=10)
+        cold.num_draft_computed = 0  # prefilled in plain rounds: 110 tokens behind, 2 to go
+        scheduler.add(cold)
+    scheduler.add(make_row("new", 40, 100))
+    plan, _ = scheduler.plan(0.0)
+    assert [k for _, k in plan.decode] == [0] * 4 and plan.prefill and not plan.draft_prefill
+
+
 def test_slack_fits_the_objective_and_shrinks_with_it():
     ctx = SchedContext(max_lookahead=8)
     rows = decoding_rows(16, [(3, 4)] * 10)

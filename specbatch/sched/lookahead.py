@@ -106,26 +106,40 @@ class AdaptiveLookahead:
             self.plans_since_drafting = 0
         return ks
 
+    def drafts_when_current(self, rows: list[Row], caps: list[int]) -> bool:
+        """Filling a prefilling row's draft cache costs its prompt in draft rows now; not filling it
+        costs the same later, as a catch-up the row may no longer live to repay (rows that joined
+        plain rounds at batch 32 never drafted): so fill when the batch, prefilling rows current,
+        would draft."""
+        if not rows or max(caps) == 0 or (self.ctx.draft_gate is not None and not self.ctx.draft_gate.drafts):
+            return False
+        solutions = self._solutions(_Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z))
+        return max(solutions, key=lambda k_max: solutions[k_max][0]) > 0
+
     def _choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         gate = self.ctx.draft_gate
         horizon = max(self.switch_horizon, gate.interval) if gate is not None and gate.catches_up \
             else self.switch_horizon
-        batch = _Batch.of(self.ctx, rows, caps, horizon, self.explore_z)
-        solutions: dict[int, tuple[float, list[int]]] = {}
-        num_worse = 0
-        for k_max in range(max(caps) + 1):
-            solutions[k_max] = self._solve(batch, k_max)
-            if max(solutions[k_max][1]) < k_max:
-                break  # no row wants this many drafts: larger K changes nothing
-            num_worse = num_worse + 1 if k_max and solutions[k_max][0] < solutions[k_max - 1][0] else 0
-            if num_worse == 2 and self.last_k_max < k_max:
-                break  # the ratio has fallen twice in a row: past the best K
+        solutions = self._solutions(_Batch.of(self.ctx, rows, caps, horizon, self.explore_z))
         best = max(solutions, key=lambda k_max: solutions[k_max][0])
         kept = self.last_k_max if self.last_k_max in solutions else best
         if solutions[best][0] < solutions[kept][0] * (1 + self.hysteresis):
             best = kept
         self.last_k_max = best
         return solutions[best][1]
+
+    def _solutions(self, batch: _Batch) -> dict[int, tuple[float, list[int]]]:
+        """(tokens per ms, ks) per largest k K = 0, 1, ... while a larger K may still pay."""
+        solutions: dict[int, tuple[float, list[int]]] = {}
+        num_worse = 0
+        for k_max in range(max(batch.caps) + 1):
+            solutions[k_max] = self._solve(batch, k_max)
+            if max(solutions[k_max][1]) < k_max:
+                break  # no row wants this many drafts: larger K changes nothing
+            num_worse = num_worse + 1 if k_max and solutions[k_max][0] < solutions[k_max - 1][0] else 0
+            if num_worse == 2 and self.last_k_max < k_max:
+                break  # the ratio has fallen twice in a row: past the best K
+        return solutions
 
     def _solve(self, batch: _Batch, k_max: int) -> tuple[float, list[int]]:
         """(tokens per ms, ks) for a largest k of k_max."""
@@ -176,6 +190,9 @@ class SlackLookahead:
 
     ctx: SchedContext
     name: str = "slack"
+
+    def drafts_when_current(self, rows: list[Row], caps: list[int]) -> bool:
+        return any(self.choose(rows, caps))
 
     def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         ks = [0 for _ in rows]

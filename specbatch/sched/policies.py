@@ -57,6 +57,11 @@ class LookaheadPolicy(Protocol):
     def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         """k per row, each within 0..caps[i]."""
 
+    def drafts_when_current(self, rows: list[Row], caps: list[int]) -> bool:
+        """Whether these rows would draft if their draft caches were current (rows still prefilling
+        count as current): the scheduler then fills the draft cache beside their prefill. No state
+        changes."""
+
 
 class PrefillChunkPolicy(Protocol):
     name: str
@@ -136,6 +141,9 @@ class FixedLookahead:
 
     def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         return [min(self.k, cap) for cap in caps]
+
+    def drafts_when_current(self, rows: list[Row], caps: list[int]) -> bool:
+        return self.k > 0 and any(caps)
 
 
 @dataclass

@@ -182,7 +182,7 @@ class Scheduler:
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s)
         self.ctx.observe_plan(plan, len(self.running))
-        plan.draft_prefill = self.ctx.fills_draft_cache
+        plan.draft_prefill = bool(plan.prefill) and (self.ctx.fills_draft_cache or self._drafts_when_current(plan))
         plan.plan_ms = (time.perf_counter() - started) * 1000
         return plan, admission
 
@@ -224,6 +224,12 @@ class Scheduler:
             k = max(0, min(k, budget))
             plan.decode.append((row, k))
             budget -= k
+
+    def _drafts_when_current(self, plan: RoundPlan) -> bool:
+        """Whether the rows this round verifies and those it prefills would draft together, the
+        prefilling rows' draft caches current (the lookahead policy's call)."""
+        rows = [row for row, _ in plan.decode] + [row for row, _ in plan.prefill if not row.is_decoding]
+        return self.lookahead.drafts_when_current(rows, [self.cap(row) for row in rows])
 
     def cap(self, row: Row) -> int:
         """Largest useful k: no drafts past max_new_tokens, no positions past the context."""
