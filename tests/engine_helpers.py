@@ -28,6 +28,9 @@ class MixedLookahead:
             self.assigned.setdefault(row.request_id, self.cycle[len(self.assigned) % len(self.cycle)])
         return [min(self.assigned[r.request_id], cap) for r, cap in zip(rows, caps, strict=True)]
 
+    def drafts_when_current(self, rows, caps):
+        return any(self.assigned.get(r.request_id, 1) and cap for r, cap in zip(rows, caps, strict=True))
+
 
 # Settings every tiny engine test runs under, e.g. "models.device=cuda;models.graphs=cuda-graphs"
 # (benchmarks/gpu_check.sh runs the exactness tests so on a GPU); a test's own overrides come after.

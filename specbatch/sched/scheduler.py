@@ -228,7 +228,8 @@ class Scheduler:
     def _drafts_when_current(self, plan: RoundPlan) -> bool:
         """Whether the rows this round verifies and those it prefills would draft together, the
         prefilling rows' draft caches current (the lookahead policy's call)."""
-        rows = [row for row, _ in plan.decode] + [row for row, _ in plan.prefill if not row.is_decoding]
+        verifying = {row.request_id for row, _ in plan.decode}  # with the rows completing their prefill
+        rows = [row for row, _ in plan.decode] + [row for row, _ in plan.prefill if row.request_id not in verifying]
         return self.lookahead.drafts_when_current(rows, [self.cap(row) for row in rows])
 
     def cap(self, row: Row) -> int:
