@@ -110,8 +110,12 @@ class AdaptiveLookahead:
         """Filling a prefilling row's draft cache costs its prompt in draft rows now; not filling it
         costs the same later, as a catch-up the row may no longer live to repay (rows that joined
         plain rounds at batch 32 never drafted): so fill when the batch, prefilling rows current,
-        would draft."""
-        if not rows or max(caps) == 0 or (self.ctx.draft_gate is not None and not self.ctx.draft_gate.drafts):
+        would draft. In the gate's plain rounds too, once its next comparison is near: rows that
+        joined them cold could not draft when it starts, and drafting would be measured on the
+        rows with current caches alone (at batch 8 it then tied with plain decoding where k = 2
+        paid 8%)."""
+        gate = self.ctx.draft_gate
+        if not rows or max(caps) == 0 or (gate is not None and not gate.drafts and not gate.compares_soon):
             return False
         solutions = self._solutions(_Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z))
         return max(solutions, key=lambda k_max: solutions[k_max][0]) > 0
