@@ -82,6 +82,52 @@ def test_the_fit_recovers_round_costs_and_keeps_unmeasured_draft_costs(drafts):
     assert fit.knows_draft_cost is drafts and learnt.mape is not None and learnt.mape < 0.01
 
 
+def test_fills_tell_the_draft_models_passes_from_its_rows_at_batch_1():
+    """At batch 1 a drafting phase of k passes computes k rows (lag 1): passes and rows rise together
+    and the drafting phases alone cannot split their price. A fit on them alone split it toward the
+    prior's ratio and priced a row at 0.4 ms where it costs 0.05: a 150-token fill then cost more than
+    its round, and the target's share came out negative. The fills beside prefills (one pass, a whole
+    prompt's rows) tell the two apart."""
+    truth = CostModel(intercept_ms=4.0, target_passes=1.0, target_rows=0.05, draft_passes=3.0, draft_rows=0.05,
+                      kv_tokens_read=0.002)
+    fit, noise = OnlineCostFit(CPU_DEMO_PROFILE, refit_every=8), random.Random(0)
+    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
+    for i in range(256):
+        k, kv, fill = noise.choice((2, 3)), 100 + i, (60 + (i * 37) % 200 if i % 16 == 0 else 0)
+        draft_ms = truth.draft_passes * k + truth.draft_rows * k
+        fill_ms = truth.draft_passes + truth.draft_rows * fill if fill else 0.0
+        target_ms = truth.predict_ms(1 + bool(fill), 1 + k + fill, kv_tokens_read=kv)
+        fit.observe(replace(base, num_target_passes=1 + bool(fill), num_target_rows=1 + k + fill, num_kv_tokens_read=kv,
+                            num_draft_passes=k + bool(fill), num_draft_rows=k + fill,
+                            draft_ms=draft_ms * noise.uniform(0.97, 1.03),
+                            round_ms=(target_ms + draft_ms + fill_ms) * noise.uniform(0.97, 1.03)),
+                    fill, fill_ms * noise.uniform(0.97, 1.03))
+    learnt = fit.current
+    assert learnt.draft_rows == pytest.approx(truth.draft_rows, rel=0.2)
+    assert learnt.draft_passes == pytest.approx(truth.draft_passes, rel=0.05)
+    assert learnt.target_rows == pytest.approx(truth.target_rows, rel=0.2)
+    assert fit.knows_draft_cost and learnt.mape is not None and learnt.mape < 0.05
+
+
+class _BadRefit(OnlineCostFit):
+    """A refit that predicts every round at a hundredth of its time (as a fit whose target share of
+    the rounds came out negative once did)."""
+
+    def fit(self) -> CostModel:
+        bad = replace(CPU_DEMO_PROFILE, **{name: getattr(CPU_DEMO_PROFILE, name) / 100 for name in
+                                           ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read")})
+        return replace(bad, mape=self.window_error(bad))
+
+
+def test_a_refit_that_predicts_the_window_worse_than_the_model_in_use_is_not_taken():
+    fit = _BadRefit(CPU_DEMO_PROFILE, refit_every=4)
+    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
+    record = replace(base, num_target_passes=1, num_target_rows=8, num_kv_tokens_read=800,
+                     round_ms=CPU_DEMO_PROFILE.predict_ms(1, 8, kv_tokens_read=800))
+    assert [fit.observe(record, 0) for _ in range(8)] == [None] * 8
+    assert fit.current is CPU_DEMO_PROFILE
+
+
 def gate_modes(rates: dict[bool, float], num_rounds: int, learning: bool = False,
                speed=lambda i: 1.0, rates_from: int = 0, later: dict[bool, float] | None = None,
                catch_up_ms: float = 0.0) -> list[bool]:

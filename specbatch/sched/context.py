@@ -71,7 +71,8 @@ class SchedContext:
         """A round ran: with learn_cost, its measured time refines the round-time model. The draft
         cache it filled beside its prefill (`num_draft_prefill_rows` in `draft_prefill_ms`, part of
         the record's prefill time) is a cost of drafting, whichever mode the round ran in."""
-        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_rows)):
+        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_rows,
+                                                                                  draft_prefill_ms)):
             self.round_cost.cost = refitted
         if self.draft_gate is not None:
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost

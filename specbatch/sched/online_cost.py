@@ -4,15 +4,20 @@ A prior cost model (the built-in CPU profile, or a calibrated file) can be far f
 job runs on, and a lookahead policy that believes drafts are cheap keeps drafting at a loss. Every
 `refit_every` rounds the coefficients are fitted again on the last `window` rounds, by relative-error
 least squares with non-negative coefficients as in `CostModel.fit`, shrunk toward the prior by
-`prior_rounds` pseudo-rounds per coefficient so that a few rounds cannot swing it.
+`prior_rounds` pseudo-rounds per coefficient so that a few rounds cannot swing it. A refit that
+predicts the window worse than the model in use (mean relative error) is not taken.
 
 Two fits, because one cannot tell them apart: while every round drafts once, a draft pass is as
-constant as the intercept. The drafting phase is timed apart (`draft_ms`): its passes and rows are
-fitted on it alone, and the rest of the round (`round_ms − draft_ms`, less the draft prefill that
-the draft fit now prices) on the target's features. Rounds that did not draft say nothing about
-drafting, so the last `draft_window` rounds that drafted are kept apart from the window, and until
-`min_draft_rounds` of them exist the draft coefficients are not known (`knows_draft_cost`: the
-adaptive policy probes). Rounds that captured graphs are left out.
+constant as the intercept. The draft model's passes are timed apart: the drafting phase
+(`draft_ms`) and the draft cache filled beside a prefill (`draft_prefill_ms`). Its passes and rows
+are fitted on those timings alone, and the rest of the round (`round_ms` less both) on the target's
+features. Both kinds are needed: at batch 1 a drafting phase of k passes computes k + lag − 1 rows,
+so passes and rows rise together and only a fill (one pass over a whole prompt) tells them apart; a
+fit on drafting phases alone once priced a row at 0.6 ms, a 135-token fill then cost more than its
+whole round, and the target's share of that round came out negative. Rounds that did not draft say
+nothing about drafting, so the last `draft_window` draft timings are kept apart from the window, and
+until `min_draft_rounds` of them are drafting phases the draft coefficients are not known
+(`knows_draft_cost`: the adaptive policy probes). Rounds that captured graphs are left out.
 """
 
 from __future__ import annotations
@@ -30,23 +35,18 @@ TARGET = ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read")
 DRAFT = ("draft_passes", "draft_rows")
 
 
-class _Round(NamedTuple):
-    """One round's features as a flat row of numbers, so that a window of them is one array."""
+class _DraftTiming(NamedTuple):
+    """One timed run of draft passes: a round's drafting phase, or the fill beside its prefill."""
 
-    intercept: float  # 1: the intercept's feature
-    target_passes: float
-    target_rows: float  # padding counts as work
-    kv_tokens_read: float
-    draft_passes: float  # of the drafting phase
-    draft_rows: float
-    prefill_draft_passes: float  # of the draft cache filled alongside the prefill
-    prefill_draft_rows: float
-    round_ms: float
-    draft_ms: float
+    passes: float
+    rows: float
+    ms: float
+    drafting: float  # 1 for a drafting phase, 0 for a fill
 
 
-# columns of a window of _Round rows
-TARGET_FEATURES, DRAFTING, DRAFT_PREFILL, ROUND_MS, DRAFT_MS = slice(0, 4), slice(4, 6), slice(6, 8), 8, 9
+# columns of the window: the target's features (the intercept's is 1; padding counts as work), the
+# draft model's (drafting phase and fill together), then the round's time and the draft model's in it
+TARGET_FEATURES, FEATURES, ROUND_MS, DRAFT_MS = slice(0, 4), slice(0, 6), 6, 7
 
 
 @dataclass
@@ -58,32 +58,46 @@ class OnlineCostFit:
     draft_window: int = 64
     min_draft_rounds: int = 4
     current: CostModel = field(init=False)
-    rounds: deque[_Round] = field(init=False)
-    drafted: deque[_Round] = field(init=False)
+    drafted: deque[_DraftTiming] = field(init=False)
     num_seen: int = field(default=0, init=False)
-    _fitted_on_drafted: int = field(default=0, init=False)  # drafted rounds the current model saw
+    _rounds: np.ndarray = field(init=False, repr=False)  # a ring of the last `window` rounds' rows
+    _fitted_on_drafted: int = field(default=0, init=False)  # drafting phases the current model saw
 
     def __post_init__(self) -> None:
         self.current = self.prior
-        self.rounds, self.drafted = deque(maxlen=self.window), deque(maxlen=self.draft_window)
+        self._rounds, self.drafted = np.zeros((self.window, 8)), deque(maxlen=self.draft_window)
 
-    def observe(self, record: RoundRecord, num_draft_prefill_rows: int) -> CostModel | None:
-        """Take one round (and the draft rows its prefill computed, inside its draft figures); returns
-        the refitted model when this round triggered a refit."""
+    @property
+    def rounds(self) -> np.ndarray:
+        """The window: one row per round, the columns above (a ring, in no particular order)."""
+        return self._rounds[: min(self.num_seen, self.window)]
+
+    def observe(self, record: RoundRecord, num_draft_prefill_rows: int,
+                draft_prefill_ms: float = 0.0) -> CostModel | None:
+        """Take one round (and the draft rows its prefill computed in `draft_prefill_ms`, inside its
+        draft figures and its prefill time); returns the refitted model when this round triggered a
+        refit that was taken."""
         if record.warmup_ms > 0 or record.round_ms <= 0:
             return None
-        prefill_passes = int(num_draft_prefill_rows > 0)
-        self.rounds.append(_Round(
+        fill_passes = int(num_draft_prefill_rows > 0)
+        draft_rows = record.num_draft_rows + record.num_padded_draft_rows
+        self._rounds[self.num_seen % self.window] = (
             1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
-            record.num_kv_tokens_read, record.num_draft_passes - prefill_passes,
-            record.num_draft_rows + record.num_padded_draft_rows - num_draft_prefill_rows,
-            prefill_passes, num_draft_prefill_rows, record.round_ms, record.draft_ms))
-        if self.rounds[-1].draft_passes > 0:
-            self.drafted.append(self.rounds[-1])
+            record.num_kv_tokens_read, record.num_draft_passes, draft_rows, record.round_ms,
+            record.draft_ms + draft_prefill_ms)
+        if fill_passes:
+            self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_rows, draft_prefill_ms, 0.0))
+        if record.num_draft_passes > fill_passes:
+            self.drafted.append(_DraftTiming(record.num_draft_passes - fill_passes,
+                                             draft_rows - num_draft_prefill_rows, record.draft_ms, 1.0))
         self.num_seen += 1
         if self.num_seen % self.refit_every:
             return None
-        self.current, self._fitted_on_drafted = self.fit(), len(self.drafted)
+        refitted = self.fit()
+        if refitted.mape is not None and refitted.mape > self.window_error(self.current):
+            return None
+        self.current = refitted
+        self._fitted_on_drafted = int(sum(timing.drafting for timing in self.drafted))
         return self.current
 
     @property
@@ -97,16 +111,19 @@ class OnlineCostFit:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
         if self.drafted:
             drafted = np.asarray(self.drafted, dtype=float)
-            values.update(self._ridge(DRAFT, drafted[:, DRAFTING], drafted[:, DRAFT_MS]))
-        window = np.asarray(self.rounds, dtype=float)
-        target, drafting, draft_prefill = window[:, TARGET_FEATURES], window[:, DRAFTING], window[:, DRAFT_PREFILL]
-        round_ms, draft_ms = window[:, ROUND_MS], window[:, DRAFT_MS]
-        draft_price = np.asarray([values[name] for name in DRAFT])
-        values.update(self._ridge(TARGET, target, np.maximum(round_ms - draft_ms - draft_prefill @ draft_price, 1e-3)))
-        predicted = target @ np.asarray([values[name] for name in TARGET]) + (drafting + draft_prefill) @ draft_price
-        return replace(self.prior, **values, mape=float(np.mean(np.abs(predicted - round_ms) / round_ms)),
-                       num_rounds=len(self.rounds),
-                       source=f"{self.prior.source}, refitted on {len(self.rounds)} of this worker's rounds")
+            values.update(self._ridge(DRAFT, drafted[:, :2], drafted[:, 2]))
+        window = self.rounds
+        target_ms = np.maximum(window[:, ROUND_MS] - window[:, DRAFT_MS], 1e-3)
+        values.update(self._ridge(TARGET, window[:, TARGET_FEATURES], target_ms))
+        model = replace(self.prior, **values, num_rounds=len(self.rounds),
+                        source=f"{self.prior.source}, refitted on {len(self.rounds)} of this worker's rounds")
+        return replace(model, mape=self.window_error(model))
+
+    def window_error(self, model: CostModel) -> float:
+        """Mean relative error of a model's round times on the window."""
+        window = self.rounds
+        predicted = window[:, FEATURES] @ np.asarray([getattr(model, name) for name in (*TARGET, *DRAFT)])
+        return float(np.mean(np.abs(predicted - window[:, ROUND_MS]) / window[:, ROUND_MS]))
 
     def _ridge(self, names: tuple[str, ...], x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """Non-negative relative least squares of y on x, with prior_rounds pseudo-rounds per seen
