@@ -46,13 +46,6 @@ class SchedContext:
     def tokens_per_round(self, row: Row) -> float:
         return expected_tokens(self.alpha(row), self.typical_k(row))
 
-    @property
-    def fills_draft_cache(self) -> bool:
-        """Whether a prefill fills the draft cache too: while rows draft, and while the draft gate
-        compares (else a row that joins in a plain round lags by its whole prompt, and the next
-        drafting round, which the comparison counts, would catch it up)."""
-        return self.drafting or (self.draft_gate is not None and self.draft_gate.comparing)
-
     def observe_plan(self, plan: RoundPlan, num_running: int, smoothing: float = 0.2) -> None:
         """The first decode plan replaces the initial k̂ (max_lookahead, a guess) outright: smoothed
         from it, an adaptive policy planning k = 0 still read as k̂ ≥ 1 for a dozen rounds, and
@@ -92,16 +85,14 @@ class _ModeSums:
 
     tokens: float = 0.0
     ms: float = 0.0
-    rows: float = 0.0
     rounds: float = 0.0
     tokens_sq: float = 0.0
     tokens_ms: float = 0.0
     ms_sq: float = 0.0
 
-    def add(self, num_rows: int, tokens: float, ms: float) -> None:
+    def add(self, tokens: float, ms: float) -> None:
         self.tokens += tokens
         self.ms += ms
-        self.rows += num_rows
         self.rounds += 1
         self.tokens_sq += tokens**2
         self.tokens_ms += tokens * ms
@@ -139,11 +130,13 @@ class DraftGate:
     single rounds, every drafting round paid it, and at batch 32 it made k = 1 tie with plain
     decoding where k = 2 beat it by 9%). A comparison ends once each mode has `min_compare_rounds`
     rounds and the two rates differ by `z` standard errors (a clear winner costs a few rounds), or
-    each has `compare_rows` decode rows (a near tie, where a wrong choice costs little), or each has
-    1/`max_compare_share` of the interval before it in rounds: at batch 1 a drafting round commits
-    1 to 3 tokens, 3 standard errors took dozens of rounds per mode, and a 16-prompt job spent half
-    its rounds comparing a 1.3x winner; a wrong call on the point estimate costs at most the next
-    interval, which is as short as the comparison was. Earlier
+    each has 1/`max_compare_share` of the interval before it in rounds (a near tie): at batch 1 a
+    drafting round commits 1 to 3 tokens, 3 standard errors took dozens of rounds per mode, and a
+    16-prompt job spent half its rounds comparing a 1.3x winner; a wrong call on the point estimate
+    costs at most the next interval, which is as short as the comparison was. The cap is in rounds,
+    not rows: the machine's drift is per round whatever the batch, and a cap of 64 decode rows ended
+    every batch-32 comparison after 2 rounds per mode, which sent a job where drafting paid 1.1x to
+    plain decoding in some runs and not in others. Earlier
     comparisons count too, at `memory` times their weight per comparison since: each is fair in
     itself, and while the winner stays the same a comparison then ends after `min_compare_rounds`,
     a few plain rounds per interval where drafting clearly pays (at batch 1 a drafting round's
@@ -161,7 +154,6 @@ class DraftGate:
     A cost model can be wrong in ways a refit does not fix (its features miss a cost, its k = 0
     prediction is an extrapolation from rounds that drafted); this bounds what a wrong belief costs."""
 
-    compare_rows: int = 64
     min_compare_rounds: int = 2
     max_compare_share: int = 8
     block_rounds: int = 3
@@ -202,7 +194,7 @@ class DraftGate:
         if self.catches_up:
             self._skip_drafting = False
         else:
-            self._sums[self.drafts].add(num_rows, num_committed, decode_ms)
+            self._sums[self.drafts].add(num_committed, decode_ms)
             self._compared[self.drafts] += 1
         self._block += 1
         if self._settled():
@@ -239,8 +231,6 @@ class DraftGate:
         drafting, plain = self._sums[True], self._sums[False]
         if min(self._compared.values()) < self.min_compare_rounds:
             return False
-        if min(drafting.rows, plain.rows) >= self.compare_rows:
-            return True
         if min(self._compared.values()) >= self.interval // self.max_compare_share:
             return True
         gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate

@@ -182,7 +182,7 @@ class Scheduler:
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s)
         self.ctx.observe_plan(plan, len(self.running))
-        plan.draft_prefill = bool(plan.prefill) and (self.ctx.fills_draft_cache or self._drafts_when_current(plan))
+        plan.draft_prefill = bool(plan.prefill) and (self.ctx.drafting or self._drafts_when_current(plan))
         plan.plan_ms = (time.perf_counter() - started) * 1000
         return plan, admission
 
