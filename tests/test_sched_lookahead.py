@@ -3,6 +3,8 @@ and the cost model's fit (no model)."""
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pytest
 from sched_engine_helpers import make_row, make_scheduler
@@ -12,7 +14,7 @@ from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
 from specbatch.sched.estimates import AcceptanceStats, expected_tokens
 from specbatch.sched.factory import make_lookahead, make_prefill_chunk
-from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead
+from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead, _Batch
 from specbatch.sched.packing import Packer
 from specbatch.sched.prefill import DeadlinePrefillChunk
 from specbatch.sched.roundcost import DecodeShape, RoundCostModel
@@ -92,6 +94,47 @@ def test_adaptive_does_not_catch_up_a_lag_a_row_cannot_repay():
 
     assert max(AdaptiveLookahead(SchedContext(max_lookahead=4)).choose(lagging_rows(60), [4] * 8)) > 0
     assert AdaptiveLookahead(SchedContext(max_lookahead=4)).choose(lagging_rows(4), [4] * 8) == [0] * 8
+
+
+def test_a_row_that_lags_by_its_prompt_does_not_stop_the_rest_of_the_batch_drafting():
+    """Step 0 pads every drafting row to the largest lag among them. Priced at the batch's largest
+    lag, with one row whose draft cache was a whole prompt behind (it joined in plain rounds), all
+    16 rows drafted k = 1 and caught it up padded to its lag; solved per class of lags, the row that
+    lags stays plain and the other 15 draft k = 3."""
+    current = [make_row(f"r{i}", 100, 100, history=[(3, 4)] * 10, num_output=10) for i in range(15)]
+    behind = make_row("behind", 300, 100, history=[(3, 4)] * 10, num_output=10)
+    behind.num_draft_computed = 0
+    ks = AdaptiveLookahead(SchedContext(max_lookahead=4)).choose([*current, behind], [4] * 16)
+    assert min(ks[:-1]) >= 2 and ks[-1] == 0
+
+
+def test_the_bound_that_skips_a_largest_k_holds_for_every_plan_with_it():
+    """`_bound(K, λ)` ≥ Σ E − λ·T of any ks with largest k K, on random batches, lags and cost models:
+    so a K it rules out (bound ≤ 0 at the best rate so far) could not have been chosen."""
+    rng = random.Random(0)
+    for trial in range(300):
+        cost = CostModel(*(rng.uniform(0.0, 4.0) for _ in range(2)), rng.uniform(0.0, 0.3), rng.uniform(0.0, 4.0),
+                         rng.uniform(0.0, 0.3), rng.uniform(0.0, 0.01))
+        ctx = SchedContext(round_cost=RoundCostModel(cost, uses_draft_model=trial % 5 != 0), max_lookahead=6)
+        rows = []
+        for i in range(rng.randint(1, 24)):
+            accepted = rng.randint(0, 4)
+            row = make_row(f"t{trial}-{i}", rng.randint(10, 300), 100, history=[(accepted, 4)] * rng.randint(0, 8),
+                           num_output=10)
+            row.num_draft_computed -= rng.choice((0, 0, 3, 40, 200))
+            rows.append(row)
+        caps = [rng.randint(0, 6) for _ in rows]
+        if max(caps) == 0:
+            continue
+        policy = AdaptiveLookahead(ctx)
+        batch = _Batch.of(ctx, rows, caps, policy.switch_horizon, policy.explore_z)
+        for _ in range(10):
+            ks = [rng.randint(0, cap) for cap in caps]
+            k_max, rate = max(ks), rng.uniform(0.01, 2.0)
+            if k_max == 0:
+                continue
+            value = batch.tokens(ks) - rate * ctx.round_cost.decode_ms(batch.shape(ks))
+            assert policy._bound(batch, k_max, rate) >= value - 1e-9
 
 
 def test_admission_prices_rows_at_the_first_plans_k_not_the_initial_guess():

@@ -133,30 +133,78 @@ class AdaptiveLookahead:
         return solutions[best][1]
 
     def _solutions(self, batch: _Batch) -> dict[int, tuple[float, list[int]]]:
-        """(tokens per ms, ks) per largest k K = 0, 1, ... while a larger K may still pay."""
-        solutions: dict[int, tuple[float, list[int]]] = {}
+        """(tokens per ms, ks) per largest k K = 0, 1, ... while a larger K may still pay; a K whose
+        upper bound (`_bound`) shows it can be neither the best nor the K kept is left out unsolved
+        (at batch 128, where nothing pays, solving every K over every lag class took 2 ms a plan)."""
+        plain = [0 for _ in batch.caps]
+        solutions = {0: (len(plain) / self.ctx.round_cost.decode_ms(batch.shape(plain)), plain)}
+        best_rate = previous_rate = solutions[0][0]
+        lag_limits: list[float] | None = None
         num_worse = 0
-        for k_max in range(max(batch.caps) + 1):
-            solutions[k_max] = self._solve(batch, k_max)
-            if max(solutions[k_max][1]) < k_max:
-                break  # no row wants this many drafts: larger K changes nothing
-            num_worse = num_worse + 1 if k_max and solutions[k_max][0] < solutions[k_max - 1][0] else 0
+        for k_max in range(1, max(batch.caps) + 1):
+            bar = best_rate / (1 + self.hysteresis) if k_max == self.last_k_max else best_rate
+            if self._bound(batch, k_max, bar) <= 0:
+                num_worse, previous_rate = num_worse + 1, bar
+            else:
+                lag_limits = lag_limits or self._lag_limits(batch)
+                rate, ks = solutions[k_max] = self._solve(batch, k_max, lag_limits)
+                if max(ks) < k_max:
+                    break  # no row wants this many drafts: larger K changes nothing
+                num_worse = num_worse + 1 if rate < previous_rate else 0
+                previous_rate, best_rate = rate, max(best_rate, rate)
             if num_worse == 2 and self.last_k_max < k_max:
                 break  # the ratio has fallen twice in a row: past the best K
         return solutions
 
-    def _solve(self, batch: _Batch, k_max: int) -> tuple[float, list[int]]:
-        """(tokens per ms, ks) for a largest k of k_max."""
+    def _bound(self, batch: _Batch, k_max: int, rate: float) -> float:
+        """n + Σ_i max_k [E_i(k) − 1 − λ·c·(k − 1 + lag_i)]⁺ − λ·T_K, with λ = rate, c a draft row's
+        price and T_K the round with largest k K but no draft rows: at least Σ E − λ·T of every plan
+        with largest k K (step 0 pads a row to at least its own lag), so ≤ 0 means none beats λ."""
+        round_cost = self.ctx.round_cost
+        price = rate * (round_cost.cost.draft_rows if round_cost.uses_draft_model else 0.0)
+        gains = 0.0
+        for table, a, log_a, cap, lag in zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps, batch.lags,
+                                             strict=True):
+            k = _row_k(a, log_a, min(cap, k_max), price, lag)
+            if k:
+                gains += table[k] - 1 - price * (k - 1 + lag)
+        no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max)
+        return len(batch.caps) + gains - rate * round_cost.decode_ms(no_draft_rows)
+
+    def _lag_limits(self, batch: _Batch) -> list[float]:
+        """The largest lags worth trying for the rows that draft, one per power-of-two class of lags:
+        step 0 pads every drafting row to the largest lag among them, so rows that lag by whole
+        prompts must not draft beside rows that lag by one token. Priced at the batch's largest lag,
+        every row of a batch where one row lagged by its prompt stopped drafting, its lag then grew
+        each round, and the batch never drafted again. Only classes with a row that could draft in
+        a batch beating plain decoding count: such a batch's λ is at least plain decoding's, and at
+        that price (its verify padding left out) the row's drafts must repay its own lag."""
+        round_cost = self.ctx.round_cost
+        if not round_cost.uses_draft_model:
+            return [math.inf]
+        plain = [0 for _ in batch.caps]
+        price = len(plain) / round_cost.decode_ms(batch.shape(plain)) * round_cost.cost.draft_rows
+        viable = {2.0 ** math.ceil(math.log2(lag))
+                  for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags, strict=True)
+                  if _row_k(a, log_a, cap, price, lag) > 0}
+        return sorted(viable) or [1.0]
+
+    def _solve(self, batch: _Batch, k_max: int, lag_limits: list[float]) -> tuple[float, list[int]]:
+        """(tokens per ms, ks) for a largest k of k_max: the best over which rows may draft by lag."""
+        return max((self._solve_within(batch, k_max, lag_limit) for lag_limit in lag_limits), key=lambda s: s[0])
+
+    def _solve_within(self, batch: _Batch, k_max: int, lag_limit: float) -> tuple[float, list[int]]:
+        """(tokens per ms, ks) for a largest k of k_max, rows lagging by more than lag_limit not drafting."""
         round_cost = self.ctx.round_cost
         price_per_row = round_cost.cost.draft_rows if round_cost.uses_draft_model else 0.0
-        ks = [min(cap, k_max) for cap in batch.caps]
+        caps = [min(cap, k_max) if lag <= lag_limit else 0 for cap, lag in zip(batch.caps, batch.lags, strict=True)]
+        ks = caps
         shape = batch.shape(ks)
         rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
         for _ in range(self.num_iterations):
             price = rate * price_per_row  # tokens one more draft row costs the batch
-            new_ks = [_row_k(a, log_a, min(cap, k_max), price, max(shape.max_lag, lag))
-                      for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags,
-                                                    strict=True)]
+            new_ks = [_row_k(a, log_a, cap, price, max(shape.max_lag, lag))
+                      for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, caps, batch.lags, strict=True)]
             if new_ks == ks:
                 break
             ks, shape = new_ks, batch.shape(new_ks)
