@@ -109,6 +109,22 @@ def test_fills_tell_the_draft_models_passes_from_its_rows_at_batch_1():
     assert fit.knows_draft_cost and learnt.mape is not None and learnt.mape < 0.05
 
 
+def test_refits_grow_rarer_once_the_draft_cost_is_known_but_never_past_half_a_window():
+    fit = OnlineCostFit(CPU_DEMO_PROFILE)
+    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
+    refits = []
+    for i in range(4096):
+        record = replace(base, num_target_passes=1, num_target_rows=3, num_kv_tokens_read=100 + i % 50,
+                         num_draft_passes=2, num_draft_rows=2 + i % 3, draft_ms=5.0 + i % 3 * 0.1,
+                         round_ms=12.0 + i % 3 * 0.1 + i % 50 * 0.01)
+        due = fit._next_refit
+        fit.observe(record, 0)
+        if fit._next_refit != due:
+            refits.append(fit.num_seen)
+    gaps = [b - a for a, b in zip(refits, refits[1:], strict=False)]
+    assert refits[:2] == [8, 16] and max(gaps) == fit.window // 2 and len(refits) < 64
+
+
 class _BadRefit(OnlineCostFit):
     """A refit that predicts every round at a hundredth of its time (as a fit whose target share of
     the rounds came out negative once did)."""
