@@ -23,6 +23,10 @@ class ShapeBuckets:
     query_len: tuple[int, ...] = ()
     kv_len_multiple: int = 1
 
+    def __post_init__(self) -> None:  # sorted once: every round's cost predictions fit shapes
+        object.__setattr__(self, "batch_rows", tuple(sorted(self.batch_rows)))
+        object.__setattr__(self, "query_len", tuple(sorted(self.query_len)))
+
     def fit(self, num_rows: int, query_len: int) -> ShapeBucket:
         """Smallest bucket holding the work; beyond the largest bucket the exact size is used."""
         return ShapeBucket(_round_up_to(self.batch_rows, num_rows), _round_up_to(self.query_len, query_len))
@@ -42,5 +46,6 @@ class ShapeBuckets:
 
 
 def _round_up_to(sizes: tuple[int, ...], value: int) -> int:
-    index = bisect.bisect_left(sorted(sizes), value)
-    return sorted(sizes)[index] if index < len(sizes) else value
+    """The smallest of the (sorted) sizes holding value; value itself past the largest."""
+    index = bisect.bisect_left(sizes, value)
+    return sizes[index] if index < len(sizes) else value
