@@ -125,6 +125,20 @@ def test_refits_grow_rarer_once_the_draft_cost_is_known_but_never_past_half_a_wi
     assert refits[:2] == [8, 16] and max(gaps) == fit.window // 2 and len(refits) < 64
 
 
+def test_the_draft_cost_stays_known_when_fills_push_the_drafting_phases_out_of_its_window():
+    fit = OnlineCostFit(CPU_DEMO_PROFILE)
+    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
+    for i in range(8):
+        fit.observe(replace(base, num_target_passes=1, num_target_rows=3, num_draft_passes=2, num_draft_rows=2 + i % 2,
+                            draft_ms=5.0 + i % 2 * 0.1, round_ms=12.0 + i % 2 * 0.1), 0)
+    assert fit.knows_draft_cost
+    for i in range(2 * fit.draft_window):
+        rows = 50 + i % 40
+        fit.observe(replace(base, num_target_passes=2, num_target_rows=1 + rows, num_draft_passes=1,
+                            num_draft_rows=rows, round_ms=5.0 + 0.2 * rows), rows, 3.0 + 0.05 * rows)
+    assert fit.knows_draft_cost
+
+
 class _BadRefit(OnlineCostFit):
     """A refit that predicts every round at a hundredth of its time (as a fit whose target share of
     the rounds came out negative once did)."""

@@ -102,7 +102,9 @@ class OnlineCostFit:
         if refitted.mape is not None and refitted.mape > self.window_error(self.current):
             return None
         self.current = refitted
-        self._fitted_on_drafted = int(sum(timing.drafting for timing in self.drafted))
+        # once known it stays known: fills beside prefills may later push every drafting phase out of
+        # the draft window, and the fit on them still prices both coefficients
+        self._fitted_on_drafted = max(self._fitted_on_drafted, int(sum(timing.drafting for timing in self.drafted)))
         return self.current
 
     @property
