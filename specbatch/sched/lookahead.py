@@ -146,7 +146,7 @@ class AdaptiveLookahead:
             if self._bound(batch, k_max, bar) <= 0:
                 num_worse, previous_rate = num_worse + 1, bar
             else:
-                lag_limits = lag_limits or self._lag_limits(batch)
+                lag_limits = lag_limits or self._lag_limits(batch, solutions[0][0])
                 rate, ks = solutions[k_max] = self._solve(batch, k_max, lag_limits)
                 if max(ks) < k_max:
                     break  # no row wants this many drafts: larger K changes nothing
@@ -171,7 +171,7 @@ class AdaptiveLookahead:
         no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max)
         return len(batch.caps) + gains - rate * round_cost.decode_ms(no_draft_rows)
 
-    def _lag_limits(self, batch: _Batch) -> list[float]:
+    def _lag_limits(self, batch: _Batch, plain_rate: float) -> list[float]:
         """The largest lags worth trying for the rows that draft, one per power-of-two class of lags:
         step 0 pads every drafting row to the largest lag among them, so rows that lag by whole
         prompts must not draft beside rows that lag by one token. Priced at the batch's largest lag,
@@ -182,8 +182,7 @@ class AdaptiveLookahead:
         round_cost = self.ctx.round_cost
         if not round_cost.uses_draft_model:
             return [math.inf]
-        plain = [0 for _ in batch.caps]
-        price = len(plain) / round_cost.decode_ms(batch.shape(plain)) * round_cost.cost.draft_rows
+        price = plain_rate * round_cost.cost.draft_rows
         viable = {2.0 ** math.ceil(math.log2(lag))
                   for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags, strict=True)
                   if _row_k(a, log_a, cap, price, lag) > 0}
