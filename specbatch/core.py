@@ -129,6 +129,10 @@ class RoundPlan:
     # fill the draft cache alongside the prefill chunks; off while no row drafts, so a drafter that does
     # not pay costs no prefill (a row that drafts later catches up: its lag, which policies count)
     draft_prefill: bool = True
+    # a decode row (k = 0) for which the draft model drafts one token that is not verified: it times a
+    # draft pass while nothing drafts (the round-time model must learn what drafting costs) without
+    # padding every row's verify to 2 positions, as a verified k = 1 would
+    probe: Row | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -181,6 +185,11 @@ class Proposals:
     num_draft_rows: int = 0
     num_padded_draft_rows: int = 0
     num_passes: int = 0
+
+    def withdraw(self, index: int) -> None:
+        """Verify none of row `index`'s drafts (a probe's): what the draft cache computed for it stays,
+        as after a round that rejected them all."""
+        self.tokens[index], self.draft_probs[index] = [], None
 
 
 @dataclass

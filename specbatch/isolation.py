@@ -49,5 +49,6 @@ def split_plan(plan: RoundPlan) -> tuple[RoundPlan, RoundPlan]:
 
 def _sub_plan(plan: RoundPlan, rows: list[Row], plan_ms: float) -> RoundPlan:
     wanted = {id(row) for row in rows}
+    probe = plan.probe if id(plan.probe) in wanted else None
     return RoundPlan([item for item in plan.prefill if id(item[0]) in wanted],
-                     [item for item in plan.decode if id(item[0]) in wanted], plan_ms, plan.draft_prefill)
+                     [item for item in plan.decode if id(item[0]) in wanted], plan_ms, plan.draft_prefill, probe)

@@ -30,6 +30,8 @@ class SchedContext:
     cost_fit: OnlineCostFit | None = None  # refits round_cost on the rounds run (scheduler.learn_cost)
     drafting: bool = True  # whether the last round with decode rows drafted for any of them
     draft_gate: DraftGate | None = None  # measured speed with and without drafts (scheduler.learn_cost)
+    probe_every: int = 16  # plans without drafts between probes while cost_fit does not know drafting's cost
+    plans_without_drafts: int = 0  # decode plans since one drafted or probed
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -59,6 +61,16 @@ class SchedContext:
             self.recent_k += weight * (mean_k - self.recent_k)
             self.num_decode_plans += 1
             self.drafting = any(k > 0 for _, k in plan.decode)
+            self.plans_without_drafts = 0 if self.drafting or plan.probe is not None else self.plans_without_drafts + 1
+
+    @property
+    def wants_draft_probe(self) -> bool:
+        """Whether a plan without drafts should time a draft pass (`RoundPlan.probe`): the round-time
+        model learns on the run and has not measured the draft model, and a policy that believes
+        drafts too dear would never draft for it to measure."""
+        fit = self.cost_fit
+        return (fit is not None and not fit.knows_draft_cost and self.round_cost.uses_draft_model
+                and self.plans_without_drafts >= self.probe_every)
 
     def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:
         """A round ran: with learn_cost, its measured time refines the round-time model. The draft
@@ -183,7 +195,7 @@ class DraftGate:
         if num_rows == 0 or num_committed == 0 or decode_ms <= 0:
             return  # a round of prefills only
         if learning:
-            self.drafts = True  # let the policy's probes measure drafting before anything compares it
+            self.drafts = True  # let the policy's drafts and the probes measure drafting before anything compares it
             return
         if not self.comparing:
             self._left -= 1

@@ -77,9 +77,8 @@ class AdaptiveLookahead:
 
     Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
     domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n). Where
-    the round-time model is learnt on the run (`SchedContext.cost_fit`) and too few rounds drafted to
-    measure the draft cost, every `probe_every`-th plan without drafts drafts one token for the row
-    that lags least, at the price of one draft pass, so a pessimistic prior cannot keep k at 0. With a
+    the round-time model is learnt on the run and has not measured the draft model, the scheduler's
+    probes do (`SchedContext.wants_draft_probe`), so a pessimistic prior cannot keep k at 0. With a
     draft gate (`SchedContext.draft_gate`), its plain rounds plan k = 0 for every row.
     """
 
@@ -88,23 +87,14 @@ class AdaptiveLookahead:
     switch_horizon: float = 8.0
     explore_z: float = 1.0
     num_iterations: int = 3
-    probe_every: int = 16
     name: str = "adaptive"
     last_k_max: int = field(default=0, init=False)
-    plans_since_drafting: int = field(default=0, init=False)
 
     def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         if not rows or max(caps) == 0:
             return [0 for _ in rows]
         gate = self.ctx.draft_gate
-        ks = self._choose(rows, caps) if gate is None or gate.drafts else [0 for _ in rows]
-        self.plans_since_drafting = 0 if max(ks) > 0 else self.plans_since_drafting + 1
-        fit = self.ctx.cost_fit
-        if self.plans_since_drafting >= self.probe_every and fit is not None and not fit.knows_draft_cost:
-            probe = min((i for i, cap in enumerate(caps) if cap > 0), key=lambda i: draft_lag(rows[i]))
-            ks[probe] = 1
-            self.plans_since_drafting = 0
-        return ks
+        return self._choose(rows, caps) if gate is None or gate.drafts else [0 for _ in rows]
 
     def drafts_when_current(self, rows: list[Row], caps: list[int]) -> bool:
         """Filling a prefilling row's draft cache costs its prompt in draft rows now; not filling it

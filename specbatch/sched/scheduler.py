@@ -21,7 +21,7 @@ from specbatch.sched.estimates import AcceptanceStats
 from specbatch.sched.packing import Packer
 from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
 from specbatch.sched.queues import WaitQueue
-from specbatch.sched.roundcost import DecodeShape
+from specbatch.sched.roundcost import DecodeShape, draft_lag
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,8 @@ class Scheduler:
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s)
+        if plan.decode and self.ctx.wants_draft_probe and not any(k for _, k in plan.decode):
+            plan.probe = min((row for row, _ in plan.decode), key=draft_lag)  # the cheapest catch-up
         self.ctx.observe_plan(plan, len(self.running))
         plan.draft_prefill = bool(plan.prefill) and (self.ctx.drafting or self._drafts_when_current(plan))
         plan.plan_ms = (time.perf_counter() - started) * 1000
