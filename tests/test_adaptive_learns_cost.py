@@ -14,6 +14,7 @@ from specbatch.config import load_config
 from specbatch.records import RoundRecord
 from specbatch.sched.context import DraftGate
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
+from specbatch.sched.factory import make_context
 from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sim.acceptance import DomainAcceptance
 from specbatch.sim.arrivals import Offline
@@ -230,3 +231,13 @@ def test_the_draft_gate_is_not_fooled_by_a_machine_whose_speed_drifts(period):
         return 1.4 if (i // period) % 2 else 1.0
     assert sum(gate_modes({True: 12.0, False: 10.0}, 8000, speed=slowness)) > 0.97 * 8000
     assert sum(gate_modes({True: 8.5, False: 10.0}, 8000, speed=slowness)) < 0.03 * 8000
+
+
+@pytest.mark.parametrize(("drafter", "knows"), [("ngram", True), ("draft", False)])
+def test_only_a_draft_model_has_a_cost_to_learn_before_the_gate_compares(drafter, knows):
+    """N-gram lookup runs no draft pass, so its gate compares from the start: were its cost 'unknown',
+    the gate stayed learning all job long and never checked whether its drafts pay."""
+    ctx = make_context(load_config(None, [f"drafter.kind={drafter}", "scheduler.lookahead=adaptive"]))
+    assert ctx.cost_fit is not None and ctx.cost_fit.knows_draft_cost is knows
+    ctx.plans_without_drafts = ctx.probe_every
+    assert ctx.wants_draft_probe is not knows

@@ -69,8 +69,7 @@ class SchedContext:
         model learns on the run and has not measured the draft model, and a policy that believes
         drafts too dear would never draft for it to measure."""
         fit = self.cost_fit
-        return (fit is not None and not fit.knows_draft_cost and self.round_cost.uses_draft_model
-                and self.plans_without_drafts >= self.probe_every)
+        return fit is not None and not fit.knows_draft_cost and self.plans_without_drafts >= self.probe_every
 
     def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:
         """A round ran: with learn_cost, its measured time refines the round-time model. The draft

@@ -124,9 +124,10 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     learns = s.learn_cost and lookahead_spec(config).kind == "adaptive" and max_lookahead(config) > 0
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
                                 uses_draft_model=config.drafter.kind in ("draft", "eagle"))
+    cost_fit = OnlineCostFit(round_cost.cost, draft_model=round_cost.uses_draft_model) if learns else None
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
-                        cost_fit=OnlineCostFit(round_cost.cost) if learns else None,
+                        cost_fit=cost_fit,
                         draft_gate=DraftGate() if learns else None,
                         # with a gate, whether anything drafts is measured: the prompts prefilled
                         # before the first decode round fill the draft cache only if it drafts

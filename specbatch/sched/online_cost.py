@@ -59,6 +59,7 @@ class OnlineCostFit:
     prior_rounds: float = 0.1
     draft_window: int = 64
     min_draft_rounds: int = 4
+    draft_model: bool = True  # whether drafting runs a model to measure (n-gram lookup runs no draft pass)
     current: CostModel = field(init=False)
     drafted: deque[_DraftTiming] = field(init=False)
     num_seen: int = field(default=0, init=False)
@@ -111,8 +112,8 @@ class OnlineCostFit:
     def knows_draft_cost(self) -> bool:
         """Whether the current model's draft coefficients were fitted on enough rounds that drafted
         (until then they, and the target's per-row price that drafting's longer passes reveal, are
-        the prior's)."""
-        return self._fitted_on_drafted >= self.min_draft_rounds
+        the prior's); from the start where no draft model runs."""
+        return not self.draft_model or self._fitted_on_drafted >= self.min_draft_rounds
 
     def fit(self) -> CostModel:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
