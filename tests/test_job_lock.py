@@ -35,6 +35,7 @@ def _wait_for(condition, timeout_s: float = 120) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # a refusal and a resumed job through the CLI (~50 s on 2 cores)
 def test_a_held_lock_refuses_then_a_dead_holders_lock_is_taken_over(tmp_path, tiny_pair):
     dataset = write_jsonl(tmp_path / "data.jsonl", _records(3, 3))
     config = write_config(tmp_path, tiny_pair)

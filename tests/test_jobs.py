@@ -98,6 +98,7 @@ def test_sigterm_cancels_in_flight_then_resume_completes(tmp_path, tiny_pair):
     assert all(r["status"] == "completed" for r in rows)
 
 
+@pytest.mark.slow  # two whole jobs and a refusal through the CLI (~70 s on 2 cores)
 def test_changed_dataset_is_refused_unless_forced(tmp_path, tiny_pair):
     dataset = write_jsonl(tmp_path / "data.jsonl", dataset_records(4))
     config = write_config(tmp_path, tiny_pair)

@@ -137,6 +137,7 @@ def _cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedPro
                           cwd=cwd, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
+@pytest.mark.slow  # whole jobs and a report through the CLI on a moto server (~70 s on 2 cores)
 def test_a_job_on_an_object_store_runs_reports_and_refuses_a_second_runner(bucket, tiny_pair, tmp_path):
     from s3fs import S3FileSystem
 
@@ -171,6 +172,7 @@ def test_a_job_on_an_object_store_runs_reports_and_refuses_a_second_runner(bucke
     assert "Throughput versus cost" in report.stdout
 
 
+@pytest.mark.slow  # four CLI start-ups against a moto server (~100 s on 2 cores)
 def test_unusable_object_store_jobs_exit_2_before_any_work(bucket, tiny_pair, tmp_path):
     from s3fs import S3FileSystem
 
