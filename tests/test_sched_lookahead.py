@@ -171,6 +171,25 @@ def test_a_prefill_fills_the_draft_cache_when_its_rows_would_draft():
     assert [k for _, k in plan.decode] == [0] * 4 and plan.prefill and not plan.draft_prefill
 
 
+def test_plain_rounds_between_the_gates_comparisons_fill_no_draft_cache():
+    """Once the draft gate chose plain decoding, a joining row's draft cache is filled only while a
+    comparison runs: plain rounds leave every cache behind anyway, and filling each joining row before
+    every comparison cost a batch-32 job where drafting tied ~7%."""
+    scheduler = make_scheduler("fcfs", "adaptive", max_rows=8, max_lookahead=4)
+    gate = scheduler.ctx.draft_gate
+    assert gate is not None
+    for i in range(4):
+        scheduler.add(make_row(f"good{i}", 100, 100, history=[(4, 4)] * 10, num_output=10))
+    scheduler.add(make_row("new", 40, 100))
+    gate.drafts, gate.comparing, gate._left = False, False, gate.min_interval  # plain just won a comparison
+    plan, _ = scheduler.plan(0.0)
+    assert [k for _, k in plan.decode] == [0] * 4 and plan.prefill and not plan.draft_prefill
+    scheduler.add(make_row("newer", 40, 100))
+    gate.comparing = True  # a plain block of a comparison: drafting's turn comes within rounds
+    plan, _ = scheduler.plan(0.0)
+    assert any(row.request_id == "newer" for row, _ in plan.prefill) and plan.draft_prefill
+
+
 def test_slack_fits_the_objective_and_shrinks_with_it():
     ctx = SchedContext(max_lookahead=8)
     rows = decoding_rows(16, [(3, 4)] * 10)

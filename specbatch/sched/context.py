@@ -221,11 +221,6 @@ class DraftGate:
         paid once for every round drafting may then run, not spread over a few."""
         return self.drafts and self._skip_drafting
 
-    @property
-    def compares_soon(self) -> bool:
-        """Whether a comparison runs or starts within `min_interval` rounds."""
-        return self.comparing or self._left <= self.min_interval
-
     def charge_drafting(self, ms: float) -> None:
         """Time only drafting needs but that fell outside decoding (the draft cache filled beside a
         prefill, in a round of either mode): drafting alone would fill it for every prefill, plain

@@ -100,12 +100,15 @@ class AdaptiveLookahead:
         """Filling a prefilling row's draft cache costs its prompt in draft rows now; not filling it
         costs the same later, as a catch-up the row may no longer live to repay (rows that joined
         plain rounds at batch 32 never drafted): so fill when the batch, prefilling rows current,
-        would draft. In the gate's plain rounds too, once its next comparison is near: rows that
-        joined them cold could not draft when it starts, and drafting would be measured on the
-        rows with current caches alone (at batch 8 it then tied with plain decoding where k = 2
-        paid 8%)."""
+        would draft. In the gate's plain rounds only while it compares: between comparisons plain
+        rounds leave every row's draft cache behind anyway, and a comparison's first drafting round
+        catches them up, priced over the interval; filling each joining row in the 64 rounds before
+        every comparison, as before, cost a batch-32 job where drafting ties with plain decoding
+        +6 ms a prefill round (1,700-3,400 draft rows for nothing, ~7% of the job). The price: rows
+        that joined plain rounds lag by their prompts at a comparison, which favours plain decoding,
+        the mode the last comparison chose."""
         gate = self.ctx.draft_gate
-        if not rows or max(caps) == 0 or (gate is not None and not gate.drafts and not gate.compares_soon):
+        if not rows or max(caps) == 0 or (gate is not None and not gate.drafts and not gate.comparing):
             return False
         solutions = self._solutions(_Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z))
         return max(solutions, key=lambda k_max: solutions[k_max][0]) > 0
