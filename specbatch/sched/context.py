@@ -30,7 +30,10 @@ class SchedContext:
     cost_fit: OnlineCostFit | None = None  # refits round_cost on the rounds run (scheduler.learn_cost)
     drafting: bool = True  # whether the last round with decode rows drafted for any of them
     draft_gate: DraftGate | None = None  # measured speed with and without drafts (scheduler.learn_cost)
-    probe_every: int = 16  # plans without drafts between probes while cost_fit does not know drafting's cost
+    # plans without drafts between probes while cost_fit does not know drafting's cost: a probe costs
+    # one row's draft pass, and until 4 have run the policy solves every plan (at batch 128, a 125-round
+    # job spent 64 plans learning with probes every 16th, planning 3x what plain decoding plans)
+    probe_every: int = 4
     plans_without_drafts: int = 0  # decode plans since one drafted or probed
     alphas: AlphaTracker = field(init=False)
 
