@@ -134,6 +134,10 @@ class RoundPlan:
     # padding every row's verify to 2 positions, as a verified k = 1 would
     probe: Row | None = None
 
+    def drafted_k(self, row: Row, k: int) -> int:
+        """Tokens the drafter drafts for a decode row planned at k: 1 for the probe, else k."""
+        return 1 if row is self.probe else k
+
     @property
     def is_empty(self) -> bool:
         return not self.prefill and not self.decode

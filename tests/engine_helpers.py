@@ -51,12 +51,15 @@ def random_prompts(tokenizer, n: int, seed: int = 0, max_len: int = 40) -> list[
             for _ in range(n)]
 
 
-def run_engine(config, requests, lookahead=None, models=None, **params):
+def run_engine(config, requests, lookahead=None, models=None, prepare=None, **params):
+    """Requests r0, r1, ... through one engine; `prepare(engine)` may adjust it before they run."""
     models = models or load_models(config)
     recorder = MemoryRecorder()
     engine = build_hf_engine(config, models, recorder)
     if lookahead is not None:
         engine.scheduler.lookahead = lookahead
+    if prepare is not None:
+        prepare(engine)
     rows = [Row(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, **params))
             for i, (prompt, max_new) in enumerate(requests)]
     return generate(engine, rows), recorder, engine

@@ -21,26 +21,16 @@ from specbatch.sim.run import simulate
 from specbatch.sim.workload import DomainMix, UniformLength, Workload
 
 
-def always_probing(engine, cycle: tuple[int, ...]) -> MixedLookahead:
+def always_probing(engine) -> None:
     """Make every plan without drafts probe, for the whole run (the draft cost is never 'known')."""
     ctx = engine.scheduler.ctx
     ctx.cost_fit = OnlineCostFit(CPU_DEMO_PROFILE, min_draft_rounds=10**9)
     ctx.probe_every = 0
-    engine.scheduler.lookahead = MixedLookahead(cycle)
-    return engine.scheduler.lookahead
 
 
 def probing_run(config, requests, cycle: tuple[int, ...], **params):
-    from specbatch.core import Row, SamplingParams
-    from specbatch.engine.build import build_hf_engine
-    from specbatch.loop import MemoryRecorder, generate
-
-    recorder = MemoryRecorder()
-    engine = build_hf_engine(config, load_models(config), recorder)
-    always_probing(engine, cycle)
-    rows = [Row(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, **params))
-            for i, (prompt, max_new) in enumerate(requests)]
-    return generate(engine, rows), recorder
+    rows, recorder, _ = run_engine(config, requests, MixedLookahead(cycle), prepare=always_probing, **params)
+    return rows, recorder
 
 
 def drafted(record) -> bool:

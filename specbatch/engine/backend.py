@@ -83,12 +83,12 @@ class HFBackend:
             draft_starts = [start if alongside and row.num_computed < start else row.num_draft_computed
                             for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
-            drafted_ks = [1 if row is plan.probe else k for row, k in zip(rows, ks, strict=True)]
+            drafted_ks = [plan.drafted_k(row, k) for row, k in zip(rows, ks, strict=True)]
             proposals = outcome.proposals = self.drafter.propose(rows, drafted_ks, slots, draft_starts, self.coupling)
             self._sync()
             outcome.draft_ms = (time.perf_counter() - started) * 1000
-            for index in (i for i, row in enumerate(rows) if row is plan.probe):
-                proposals.withdraw(index)
+            if plan.probe is not None:
+                proposals.withdraw(next(i for i, row in enumerate(rows) if row is plan.probe))
             started = time.perf_counter()
             chunks = [[row.token_ids[-1]] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
             logits, outcome.verify_shape = self.target.forward(slots, starts, chunks)

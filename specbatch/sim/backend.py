@@ -88,7 +88,7 @@ class SimBackend:
             outcome.prefill_shape, outcome.num_draft_prefill_rows = self._prefill(plan.prefill, plan.draft_prefill)
         if plan.decode:
             starts = [plan.computed_after_prefill(row) for row, _ in plan.decode]
-            drafted = [(row, 1 if row is plan.probe else k) for row, k in plan.decode]
+            drafted = [(row, plan.drafted_k(row, k)) for row, k in plan.decode]
             outcome.proposals = self._draft(drafted, starts, outcome.num_draft_prefill_rows > 0)
             outcome.rows, outcome.verify_shape = self._verify(plan.decode, starts, outcome.proposals)
         outcome.prefill_ms, outcome.draft_prefill_ms, outcome.draft_ms, outcome.verify_ms = self._split_ms(outcome)
