@@ -165,7 +165,8 @@ def gate_modes(rates: dict[bool, float], num_rounds: int, learning: bool = False
     """The mode of each decode round a gate runs when drafting commits rates[True] tokens per ms and
     plain decoding rates[False] (4 rows; a round of 10 ms times the machine's slowness `speed(i)`;
     `later` rates from round `rates_from` on; one prefill-only round in 8 that must not count; the
-    first drafting round after plain ones `catch_up_ms` longer, the draft cache catching up)."""
+    first drafting round after plain ones `catch_up_ms` longer, the draft cache catching up, and the
+    gate told so)."""
     gate, modes, noise = DraftGate(), [], random.Random(0)
     for i in range(num_rounds):
         if i % 8 == 0:
@@ -176,7 +177,7 @@ def gate_modes(rates: dict[bool, float], num_rounds: int, learning: bool = False
         tokens = max(4, round(10.0 * rate * noise.uniform(0.9, 1.1)))
         if gate.drafts and i > 0 and not modes[-2]:
             ms += catch_up_ms
-        gate.observe(4, tokens, ms, learning)
+        gate.observe(4, tokens, ms, learning, catch_up_ms)
     return modes
 
 
@@ -221,6 +222,18 @@ def test_the_draft_caches_catch_up_after_plain_rounds_is_not_taken_for_drafting_
     """Switching to drafting pays once for the tokens the plain rounds committed; a steady drafting
     round does not, and that is what drafting would run for an interval."""
     assert sum(gate_modes({True: 12.0, False: 10.0}, 8000, catch_up_ms=12.0)) > 0.97 * 8000
+
+
+def test_after_a_plain_choice_the_next_comparison_waits_until_its_catch_up_is_repaid():
+    """A comparison after plain rounds first fills every row's draft cache: at batch 32 a tenth of
+    the 64 plain rounds before it, whatever it then found. After a plain choice the interval is long
+    enough for that catch-up to be 1/32 of it: 60 ms against 10 ms rounds, ~192 rounds."""
+    def plain_stretches(catch_up_ms: float) -> list[int]:
+        modes = gate_modes({True: 8.0, False: 10.0}, 3000, catch_up_ms=catch_up_ms)
+        drafting = [i for i, drafts in enumerate(modes) if drafts]
+        return [b - a - 1 for a, b in zip(drafting, drafting[1:], strict=False) if b - a > 4]
+    assert plain_stretches(0.0)[0] == 64
+    assert min(plain_stretches(60.0)) >= 180  # rounds of 10 ms ± 5%
 
 
 @pytest.mark.parametrize("period", [7, 37, 300])

@@ -4,6 +4,7 @@ every policy built for it, so the simulator and the real engine give policies th
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass, field
 
 from specbatch.core import RoundPlan, Row
@@ -35,6 +36,7 @@ class SchedContext:
     # job spent 64 plans learning with probes every 16th, planning 3x what plain decoding plans)
     probe_every: int = 4
     plans_without_drafts: int = 0  # decode plans since one drafted or probed
+    full_catch_up_ms: float = 0.0  # predicted time to fill the last decode plan's rows' draft caches from empty
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +67,8 @@ class SchedContext:
             self.num_decode_plans += 1
             self.drafting = any(k > 0 for _, k in plan.decode)
             self.plans_without_drafts = 0 if self.drafting or plan.probe is not None else self.plans_without_drafts + 1
+            price = self.round_cost.cost.draft_rows if self.round_cost.uses_draft_model else 0.0
+            self.full_catch_up_ms = price * sum(row.num_tokens for row, _ in plan.decode)
 
     @property
     def wants_draft_probe(self) -> bool:
@@ -84,7 +88,8 @@ class SchedContext:
         if self.draft_gate is not None:
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost
             decode_ms = record.round_ms - record.warmup_ms - record.prefill_ms
-            self.draft_gate.observe(record.num_decode_rows, record.num_committed, decode_ms, learning)
+            self.draft_gate.observe(record.num_decode_rows, record.num_committed, decode_ms, learning,
+                                    self.full_catch_up_ms)
             self.draft_gate.charge_drafting(draft_prefill_ms)
 
     def observe_finish(self, row: Row) -> None:
@@ -165,6 +170,14 @@ class DraftGate:
     drafting (`learning`): a policy that believes drafts too dear keeps k near 0 and probes, and
     its drafting would show only the draft cache's cost, never what drafts are worth.
 
+    Plain rounds leave the draft caches behind, and a row that joined during them has none: a
+    comparison after plain decoding starts by catching up what amounts to every row's whole context
+    (at batch 32, 3,078 draft rows in one 260 ms round, a tenth of the 64 plain rounds before it and
+    5% of a 220-round job, whatever the comparison then finds). So after a plain choice the interval
+    is at least long enough that this catch-up (`catch_up_ms`, priced from empty caches) costs
+    1/`catch_up_share` of the interval's plain decoding; the draft model's price is what makes it
+    long at large batches, an n-gram drafter has no catch-up.
+
     A cost model can be wrong in ways a refit does not fix (its features miss a cost, its k = 0
     prediction is an extrapolation from rounds that drafted); this bounds what a wrong belief costs."""
 
@@ -176,6 +189,7 @@ class DraftGate:
     max_interval: int = 2048
     margin: float = 0.03
     memory: float = 0.5
+    catch_up_share: int = 32
     drafts: bool = field(default=True, init=False)  # the mode of the next decode round
     choice: bool | None = field(default=None, init=False)  # the last comparison's winner
     interval: int = field(init=False)  # rounds the winner runs alone before the next comparison
@@ -185,15 +199,18 @@ class DraftGate:
     _compared: dict[bool, int] = field(init=False)  # rounds in this comparison, per mode
     _skip_drafting: bool = field(default=True, init=False)  # the next drafting round catches up
     _block: int = field(default=0, init=False)  # rounds of the current mode in this comparison
+    _catch_up_ms: float = field(default=0.0, init=False)  # the latest catch_up_ms observed
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
         self._sums = {True: _ModeSums(), False: _ModeSums()}
         self._compared = {True: 0, False: 0}
 
-    def observe(self, num_rows: int, num_committed: int, decode_ms: float, learning: bool = False) -> None:
+    def observe(self, num_rows: int, num_committed: int, decode_ms: float, learning: bool = False,
+                catch_up_ms: float = 0.0) -> None:
         """One round's decode rows, committed tokens and decoding time; `learning`: drafting's cost
-        not yet measured."""
+        not yet measured; `catch_up_ms`: what filling the batch's draft caches from empty would cost."""
+        self._catch_up_ms = catch_up_ms
         if num_rows == 0 or num_committed == 0 or decode_ms <= 0:
             return  # a round of prefills only
         if learning:
@@ -245,10 +262,17 @@ class DraftGate:
         gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate
         return gap > self.z * (drafting.variance + plain.variance) ** 0.5
 
+    def _repaying_interval(self) -> int:
+        """Plain rounds whose time the next comparison's catch-up is 1/catch_up_share of."""
+        plain = self._sums[False]
+        return math.ceil(self._catch_up_ms * self.catch_up_share * plain.rounds / plain.ms) if plain.ms > 0 else 0
+
     def _decide(self) -> None:
         best = self.rate(True) >= self.rate(False) * (1 + self.margin)
         confirmed = best == self.choice
         self.interval = min(2 * self.interval, self.max_interval) if confirmed else self.min_interval
+        if not best:
+            self.interval = max(self.interval, min(self._repaying_interval(), self.max_interval))
         self.choice = self.drafts = best
         self.comparing, self._left, self._block = False, self.interval, 0
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
