@@ -36,7 +36,7 @@ class SchedContext:
     # job spent 64 plans learning with probes every 16th, planning 3x what plain decoding plans)
     probe_every: int = 4
     plans_without_drafts: int = 0  # decode plans since one drafted or probed
-    full_catch_up_ms: float = 0.0  # predicted time to fill the last decode plan's rows' draft caches from empty
+    full_catch_up_ms: float = 0.0  # predicted time to fill a comparing gate's last rows' draft caches from empty
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,8 +67,8 @@ class SchedContext:
             self.num_decode_plans += 1
             self.drafting = any(k > 0 for _, k in plan.decode)
             self.plans_without_drafts = 0 if self.drafting or plan.probe is not None else self.plans_without_drafts + 1
-            price = self.round_cost.cost.draft_rows if self.round_cost.uses_draft_model else 0.0
-            self.full_catch_up_ms = price * sum(row.num_tokens for row, _ in plan.decode)
+            if self.draft_gate is not None and self.draft_gate.comparing:  # what its decision reads
+                self.full_catch_up_ms = self.round_cost.draft_row_ms * sum(row.num_tokens for row, _ in plan.decode)
 
     @property
     def wants_draft_probe(self) -> bool:

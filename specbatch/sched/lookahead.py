@@ -154,7 +154,7 @@ class AdaptiveLookahead:
         price and T_K the round with largest k K but no draft rows: at least Σ E − λ·T of every plan
         with largest k K (step 0 pads a row to at least its own lag), so ≤ 0 means none beats λ."""
         round_cost = self.ctx.round_cost
-        price = rate * (round_cost.cost.draft_rows if round_cost.uses_draft_model else 0.0)
+        price = rate * round_cost.draft_row_ms
         gains = 0.0
         for table, a, log_a, cap, lag in zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps, batch.lags,
                                              strict=True):
@@ -188,7 +188,7 @@ class AdaptiveLookahead:
     def _solve_within(self, batch: _Batch, k_max: int, lag_limit: float) -> tuple[float, list[int]]:
         """(tokens per ms, ks) for a largest k of k_max, rows lagging by more than lag_limit not drafting."""
         round_cost = self.ctx.round_cost
-        price_per_row = round_cost.cost.draft_rows if round_cost.uses_draft_model else 0.0
+        price_per_row = round_cost.draft_row_ms
         caps = [min(cap, k_max) if lag <= lag_limit else 0 for cap, lag in zip(batch.caps, batch.lags, strict=True)]
         ks = caps
         shape = batch.shape(ks)

@@ -100,11 +100,15 @@ class RoundCostModel:
         extra = self.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0), sum(sizes))
         return self.decode_ms(shape) + extra
 
+    @property
+    def draft_row_ms(self) -> float:
+        """A draft row's price: none where drafting runs no model (n-gram lookup)."""
+        return self.cost.draft_rows if self.uses_draft_model else 0.0
+
     def recompute_ms(self, num_tokens: int) -> float:
         """Marginal time to re-prefill num_tokens positions after a preemption by recompute."""
         c = self.cost
-        draft = c.draft_rows if self.uses_draft_model else 0.0
-        return (c.target_rows + draft + c.kv_tokens_read * num_tokens / 2) * num_tokens
+        return (c.target_rows + self.draft_row_ms + c.kv_tokens_read * num_tokens / 2) * num_tokens
 
     def row_share_ms(self, batch_rows: int, k: int, kv_len: int) -> tuple[float, float]:
         """(t_verify, t_draft): one row's share of a verify pass with k drafts, and of one draft step,
