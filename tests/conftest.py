@@ -56,13 +56,9 @@ def shared_prefect_home(tmp_path_factory):
     """One temporary-server database for every `specbatch submit` a test starts (a test that checks
     where Prefect's state goes clears it): a fresh one per output directory created Prefect's schema
     anew each time, ~12 s of every CLI job on 2 cores."""
-    previous = os.environ.get("SPECBATCH_PREFECT_HOME")
-    os.environ["SPECBATCH_PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
-    yield
-    if previous is None:
-        del os.environ["SPECBATCH_PREFECT_HOME"]
-    else:
-        os.environ["SPECBATCH_PREFECT_HOME"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECBATCH_PREFECT_HOME", str(tmp_path_factory.mktemp("prefect-home")))
+        yield
 
 
 @pytest.fixture
