@@ -54,9 +54,11 @@ def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str]) -> None
             tokens, rs = sum(row.num_output_tokens for row in run.rows), run.recorder.rounds
             work, plan = sum(map(work_ms, rs)), sum(r.plan_ms for r in rs)
             outside = run.wall_s * 1000 - sum(r.round_ms for r in rs)
+            residual = statistics.median((r.round_ms - r.plan_ms) / work_ms(r) for r in rs if r.warmup_ms == 0)
             priced.append(tokens / (work + plan + outside))
             print(f"{spec}: measured {tokens / run.wall_s / 1000:.3f} tok/ms, priced {priced[-1]:.3f} "
-                  f"(work {work:.0f} ms, planning {plan:.1f}, outside rounds {outside:.1f}, {len(rs)} rounds)")
+                  f"(work {work:.0f} ms, planning {plan:.1f}, outside rounds {outside:.1f}, {len(rs)} rounds; "
+                  f"median round measured / priced {residual:.3f})")
         rates[spec] = statistics.median(priced)
     print("priced, x", specs[0], {spec: round(rates[spec] / rates[specs[0]], 4) for spec in specs})
 
