@@ -12,7 +12,8 @@ from rich.console import Console
 
 from specbatch.config import JobConfig
 from specbatch.core import Row, SamplingParams
-from specbatch.engine.loading import BUNDLED_DIR, load_tokenizer
+from specbatch.engine.loading import load_tokenizer
+from specbatch.engine.model_paths import BUNDLED_DIR
 from specbatch.lab.bench import run_bench, summarize_engine
 from specbatch.lab.prompts import file_prompts
 from specbatch.loop import MemoryRecorder

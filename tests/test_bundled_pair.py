@@ -12,7 +12,7 @@ from engine_helpers import greedy_reference
 
 from specbatch.config import DrafterConfig, JobConfig, load_config
 from specbatch.engine.build import build_hf_engine, load_models
-from specbatch.engine.loading import BUNDLED_DIR
+from specbatch.engine.model_paths import BUNDLED_DIR
 from specbatch.lab.prompts import heldout_prompts
 from specbatch.loop import MemoryRecorder, generate
 

@@ -12,8 +12,9 @@ from job_helpers import submit, write_config, write_jsonl
 from pydantic import BaseModel
 
 from specbatch.config import OUTPUT_FIELDS, SPEED_FIELDS, JobConfig, changes_outputs, load_config
+from specbatch.job.inputs import JobError
 from specbatch.job.manifest import load_manifest
-from specbatch.job.prepare import JobError, prepare
+from specbatch.job.prepare import prepare
 
 RECORDS = [{"id": f"q{i}", "prompt": "def add(a, b):", "max_new_tokens": 3} for i in range(2)]
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from specbatch.core import Row, SamplingParams
 from specbatch.engine.build import build_hf_engine, load_models
 from specbatch.engine.eagle import load_head, save_head, sdpa_attend
-from specbatch.engine.loading import ModelLoadError
+from specbatch.engine.model_paths import ModelLoadError
 from specbatch.loop import MemoryRecorder
 
 NUM_PROMPTS = 32

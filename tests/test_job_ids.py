@@ -13,7 +13,7 @@ from job_helpers import submit, write_config, write_jsonl
 from report_jobs import write_plain_job
 
 from specbatch import report
-from specbatch.job.prepare import JobError, check_job_id
+from specbatch.job.inputs import JobError, check_job_id
 
 BAD_IDS = ["a*", "job?", "j[1]", "{a,b}", "a,b", "a\x00b", "a b", "-flag", ".hidden", "..", "a/b", "a\\b", "é",
            "x" * 129, ""]

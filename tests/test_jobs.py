@@ -128,6 +128,31 @@ def test_unusable_input_exits_2_before_any_work(tmp_path, tiny_pair, problem):
     assert not list((tmp_path / "j" / "results").glob("*.parquet")) if (tmp_path / "j").exists() else True
 
 
+REFUSE_AND_LIST_HEAVY_IMPORTS = """
+import sys
+from specbatch.cli import app
+try:
+    app(["submit", *sys.argv[1:]])
+except SystemExit as exit:
+    print(exit.code, sorted({"torch", "transformers", "prefect"} & set(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("problem", ["missing_dataset", "bad_model"])
+def test_unusable_input_is_refused_before_torch_transformers_or_prefect_import(tmp_path, problem):
+    """The input checks come first, so a wrong path costs a second, not the ~10 s those imports take
+    (and no Prefect server boots for a job that cannot run)."""
+    dataset = write_jsonl(tmp_path / "data.jsonl", dataset_records(2))
+    args = [str(dataset), "--job-id", "j", "--output", str(tmp_path)]
+    if problem == "missing_dataset":
+        args[0] = str(tmp_path / "nope.jsonl")
+    else:
+        args += ["--set", f"models.target={tmp_path}/no-such-model"]
+    run = subprocess.run([sys.executable, "-c", REFUSE_AND_LIST_HEAVY_IMPORTS, *args], capture_output=True, text=True)
+    assert run.stdout.strip().splitlines()[-1] == "2 []", run.stdout + run.stderr
+    assert "error" in run.stderr and "Traceback" not in run.stderr
+
+
 def test_every_table_is_parquet_duckdb_reads_and_openai_output(tmp_path, tiny_pair):
     lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
               "body": {"prompt": GOOD_PROMPTS[i], "max_tokens": 6}} for i in range(3)]

@@ -15,7 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from specbatch.config import ModelsConfig
 from specbatch.engine.build import load_models
-from specbatch.engine.loading import ModelLoadError, context_limit, load_model, unsupported_reason
+from specbatch.engine.loading import context_limit, load_model, unsupported_reason
+from specbatch.engine.model_paths import ModelLoadError
 
 DECODER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                intermediate_size=128, max_position_embeddings=256)

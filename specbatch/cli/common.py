@@ -32,8 +32,8 @@ def usage_errors() -> tuple[type[Exception], ...]:
     """The errors that mean the input or config is unusable (exit EXIT_USAGE), imported only when needed."""
     from specbatch.config import ConfigError
     from specbatch.data.ingest import DatasetError
-    from specbatch.engine.loading import ModelLoadError
+    from specbatch.engine.model_paths import ModelLoadError
+    from specbatch.job.inputs import JobError
     from specbatch.job.manifest import ManifestError
-    from specbatch.job.prepare import JobError
 
     return ConfigError, DatasetError, ModelLoadError, JobError, ManifestError

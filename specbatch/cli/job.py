@@ -54,7 +54,7 @@ def submit(
     2 unusable input or config (or the job is running elsewhere), 1 internal failure, 130 stopped or
     requests left cancelled (run the same command to resume).
     """
-    from specbatch.job.prepare import check_job_id, default_job_id
+    from specbatch.job.inputs import check_job_id, default_job_id
 
     overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
                                 prefill_chunk=prefill_chunk)
@@ -117,24 +117,20 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
 
 
 def _start_prefect_and_check(parameters: dict[str, Any], job_dir: str, prefect_dir: Path) -> Any:
-    """Boot Prefect's local server (state under PREFECT_DIR, while torch and prefect import) and fail
-    fast on unusable input or a job that is running; returns the server to wait for, or None when
-    PREFECT_API_URL names one."""
+    """Fail fast on unusable input or a job that is running (before torch, transformers or Prefect
+    import), then boot Prefect's local server (state under PREFECT_DIR, while torch and prefect
+    import); returns the server to wait for, or None when PREFECT_API_URL names one."""
+    from specbatch.job.inputs import check_inputs
     from specbatch.job.lock import check_not_running
     from specbatch.job.prefect_local import start_local_prefect
 
     try:
         check_not_running(job_dir)  # the flow takes the lock; this only fails before Prefect starts
-    except usage_errors() as error:
-        fail(str(error))
-    server = start_local_prefect(prefect_dir)
-    from specbatch.job.flow import check_inputs
-
-    try:
         job_config = _job_config(parameters["config"] and Path(parameters["config"]), parameters["overrides"])
         check_inputs(parameters["dataset"], job_config, parameters["dataset_format"], parameters["column_map"])
     except usage_errors() as error:
         fail(str(error))
+    server = start_local_prefect(prefect_dir)
     console.print(f"[bold]specbatch[/] job [cyan]{location_name(job_dir)}[/] → {job_dir}")
     return server
 

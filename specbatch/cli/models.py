@@ -17,7 +17,7 @@ commands = typer.Typer(name="models", no_args_is_help=True, help="The bundled de
 @commands.command("path")
 def models_path(which: Annotated[str, typer.Argument(help="target | draft")]) -> None:
     """Print the directory of the bundled target or draft model."""
-    from specbatch.engine.loading import ModelLoadError, resolve_model_path
+    from specbatch.engine.model_paths import ModelLoadError, resolve_model_path
 
     if which not in ("target", "draft"):
         fail("expected 'target' or 'draft'")

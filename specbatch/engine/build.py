@@ -18,13 +18,8 @@ from specbatch.engine.eagle import EagleHead, aux_layer_ids, load_head
 from specbatch.engine.eagle_drafter import EagleDrafter
 from specbatch.engine.forward import SlotModel
 from specbatch.engine.graphs import GraphMode, decode_step, warm_shapes
-from specbatch.engine.loading import (
-    ModelLoadError,
-    check_same_tokenizer,
-    kv_shape,
-    load_model,
-    load_tokenizer,
-)
+from specbatch.engine.loading import check_same_tokenizer, kv_shape, load_model, load_tokenizer
+from specbatch.engine.model_paths import ModelLoadError
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.buckets import ShapeBuckets

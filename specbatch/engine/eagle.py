@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 
-from specbatch.engine.loading import ModelLoadError, resolve_dir
+from specbatch.engine.model_paths import ModelLoadError, resolve_dir
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

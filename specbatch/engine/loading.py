@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import (
@@ -22,11 +21,11 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import ModelsConfig
+from specbatch.engine.model_paths import ModelLoadError, resolve_dir, resolve_model_path
 from specbatch.sched.capacity import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Model types whose layers keep recurrent or convolutional state that a KV cache cannot hold; the
 # `layer_types` check below catches most hybrids, these declare no (or too few) layer types.
@@ -36,10 +35,6 @@ RECURRENT_MODEL_TYPES = frozenset({
 })
 ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt"})
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})  # sliding: see the window check
-
-
-class ModelLoadError(ValueError):
-    """An unusable model path or pair; the CLI reports it and exits with code 2."""
 
 
 @dataclass(frozen=True)
@@ -52,19 +47,6 @@ class KVShape:
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype.itemsize)
-
-
-def resolve_dir(name: str) -> Path:
-    if name.startswith("bundled:"):
-        return BUNDLED_DIR / name.split(":", 1)[1]
-    return Path(name).expanduser()
-
-
-def resolve_model_path(name: str) -> Path:
-    path = resolve_dir(name)
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"model path {name!r} is not a local Hugging Face model directory (no config.json)")
-    return path
 
 
 def max_positions(config: PreTrainedConfig) -> int:

@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from specbatch.config import JobConfig, changes_outputs, config_to_dict
-from specbatch.engine.loading import ModelLoadError, context_limit
+from specbatch.engine.loading import context_limit
+from specbatch.engine.model_paths import ModelLoadError
 from specbatch.job.manifest import Manifest
 
 Changes = dict[str, tuple[Any, Any]]  # field path -> (old value, new value)

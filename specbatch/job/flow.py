@@ -37,14 +37,15 @@ from prefect.exceptions import MissingContextError
 from prefect.states import Cancelled, Failed, State
 
 from specbatch.config import ConfigError, JobConfig, load_config
-from specbatch.data.ingest import DatasetError, resolve_dataset
-from specbatch.engine.loading import ModelLoadError, resolve_model_path
+from specbatch.data.ingest import DatasetError
+from specbatch.engine.model_paths import ModelLoadError
 from specbatch.job.finalize import DONE_STATUSES, JobSummary, finalize
+from specbatch.job.inputs import JobError, check_inputs, check_job_id, default_job_id
 from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, stop_on_signals
 from specbatch.job.lock import job_lock
 from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prefect_local import TEMPORARY_SERVER_ENV
-from specbatch.job.prepare import JobError, check_job_id, default_job_id, prepare
+from specbatch.job.prepare import prepare
 from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
 from specbatch.storage import is_url, join, location_name, open_storage
@@ -93,17 +94,6 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
     _logger().info("job %s: %d records in %d shards (%s)", manifest.job_id, manifest.dataset.num_records,
                    len(manifest.shards), manifest.status)
     return {"num_records": manifest.dataset.num_records, "num_shards": len(manifest.shards)}
-
-
-def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | None = None,
-                 column_map: dict[str, str] | None = None) -> None:
-    """Cheap checks that fail before any work (and not in every worker process of every retry)."""
-    resolve_dataset(str(dataset), dataset_format, column_map)
-    resolve_model_path(config.models.target)
-    if config.drafter.kind == "draft" and config.models.draft:
-        resolve_model_path(config.models.draft)
-    if config.drafter.kind == "eagle" and config.models.eagle:
-        resolve_model_path(config.models.eagle)
 
 
 @task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES,

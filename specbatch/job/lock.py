@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from specbatch.job.inputs import JobError
 from specbatch.job.lease import LeaseHeldError, check_lease, hold_lease
-from specbatch.job.prepare import JobError
 from specbatch.storage import Location, is_url, location_name, open_storage
 
 LOCK_NAME = ".job.lock"

@@ -32,9 +32,9 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 
 from specbatch.config import JobConfig
+from specbatch.job.inputs import JobError
 from specbatch.job.launch import LedgerWatcher, WorkerGroupError
 from specbatch.job.manifest import load_manifest
-from specbatch.job.prepare import JobError
 from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
 from specbatch.storage import location_name
 

@@ -9,8 +9,6 @@ skip what already has a committed completed or dropped result.
 from __future__ import annotations
 
 import logging
-import re
-import time
 from pathlib import Path
 
 from specbatch.config import JobConfig
@@ -18,6 +16,7 @@ from specbatch.data.ingest import resolve_dataset
 from specbatch.data.shards import shard_dataset
 from specbatch.engine.loading import context_limit, load_tokenizer
 from specbatch.job.drift import config_changes, record_config, refusal
+from specbatch.job.inputs import JobError
 from specbatch.job.manifest import (
     Manifest,
     fingerprint,
@@ -31,28 +30,6 @@ from specbatch.ledger import retire_cancelled_results
 from specbatch.storage import Location, is_url, location_name
 
 log = logging.getLogger(__name__)
-
-MAX_JOB_ID_CHARS = 128
-_JOB_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_JOB_ID_CHARS - 1}}}")
-
-
-class JobError(ValueError):
-    """A job that cannot start as asked (changed dataset or config, bad job id, running); exit code 2."""
-
-
-def default_job_id() -> str:
-    return f"job-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def check_job_id(job_id: str) -> str:
-    """A job id names a directory that DuckDB globs (`JOB/results/*.parquet`) and shells and part
-    names quote: only [A-Za-z0-9._-], starting with a letter or digit, so no glob or list character
-    (`*?[]{},`), no NUL, no path separator, no leading `-` or `.`."""
-    if not _JOB_ID.fullmatch(job_id):
-        raise JobError(f"job id {job_id!r} may use only letters, digits, '.', '_' and '-', must start with a "
-                       f"letter or digit and be at most {MAX_JOB_ID_CHARS} characters")
-    return job_id
-
 
 def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool = False,
             dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> Manifest:
