@@ -59,7 +59,7 @@ def submit(
     overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
                                 prefill_chunk=prefill_chunk)
     try:
-        _job_config(config, overrides)  # validated here too: exit 2 before anything starts
+        job_config = _job_config(config, overrides)  # validated here too: exit 2 before anything starts
         job_id = check_job_id(job_id or default_job_id())
         column_map = _column_map(column)
     except usage_errors() as error:
@@ -73,7 +73,8 @@ def submit(
     output = output or "outputs"
     parameters["output"] = output
     job_dir = join(output, job_id)
-    server = _start_prefect_and_check(parameters, job_dir, Path("outputs") if is_url(output) else Path(output))
+    server = _start_prefect_and_check(parameters, job_config, job_dir,
+                                      Path("outputs") if is_url(output) else Path(output))
     from specbatch.job.flow import LocalHooks, local_hooks, specbatch_job
 
     hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
@@ -116,7 +117,8 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in column) if column else None
 
 
-def _start_prefect_and_check(parameters: dict[str, Any], job_dir: str, prefect_dir: Path) -> Any:
+def _start_prefect_and_check(parameters: dict[str, Any], job_config: JobConfig, job_dir: str,
+                             prefect_dir: Path) -> Any:
     """Fail fast on unusable input or a job that is running (before torch, transformers or Prefect
     import), then boot Prefect's local server (state under PREFECT_DIR, while torch and prefect
     import); returns the server to wait for, or None when PREFECT_API_URL names one."""
@@ -126,7 +128,6 @@ def _start_prefect_and_check(parameters: dict[str, Any], job_dir: str, prefect_d
 
     try:
         check_not_running(job_dir)  # the flow takes the lock; this only fails before Prefect starts
-        job_config = _job_config(parameters["config"] and Path(parameters["config"]), parameters["overrides"])
         check_inputs(parameters["dataset"], job_config, parameters["dataset_format"], parameters["column_map"])
     except usage_errors() as error:
         fail(str(error))
