@@ -4,17 +4,20 @@ its rounds' predicted work plus its measured planning and time outside rounds (r
 Runs doing the same work price the same; what differs is what a policy chose and what its
 bookkeeping cost. On a VM whose round times swing 2x this separates 2% where wall time cannot.
 
-    python benchmarks/priced_pairs.py BATCH PROMPTS PAIRS SPEC [SPEC ...]   (SPEC: drafter/lookahead,
-    e.g. none/ draft/fixed:2 draft/adaptive)
+    python benchmarks/priced_pairs.py BATCH PROMPTS PAIRS SPEC [SPEC ...] [--rounds FILE]
+    (SPEC: drafter/lookahead, e.g. none/ draft/fixed:2 draft/adaptive; --rounds writes every run's
+    rounds, tagged with spec and run, to a Parquet file so other fits can be tried on them)
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import typer
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import JobConfig, load_config
@@ -31,7 +34,8 @@ def config(spec: str, batch: int) -> JobConfig:
                               *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
 
 
-def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str]) -> None:
+def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str],
+         rounds_file: Path | None = typer.Option(None, "--rounds")) -> None:
     hf_logging.set_verbosity_error()
     models = load_models(load_config(None, ["drafter.kind=draft"]))
     prompts = heldout_prompts(models.tokenizer, num_prompts, 128, seed=0)
@@ -41,6 +45,10 @@ def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str]) -> None
         for spec in specs if pair % 2 == 0 else specs[::-1]:
             runs[spec].append(run_engine(config(spec, batch), models, prompts))
     rounds = [r for spec in specs for run in runs[spec] for r in run.recorder.rounds if r.warmup_ms == 0]
+    if rounds_file:
+        pq.write_table(pa.Table.from_pylist([{"spec": spec, "run": i, **asdict(r)} for spec in specs
+                                             for i, run in enumerate(runs[spec]) for r in run.recorder.rounds]),
+                       rounds_file)
     model = CostModel.fit(pa.Table.from_pylist([asdict(replace(r, round_ms=r.round_ms - r.plan_ms)) for r in rounds]))
 
     def work_ms(r: RoundRecord) -> float:
@@ -64,4 +72,4 @@ def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str]) -> None
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+    typer.run(main)
