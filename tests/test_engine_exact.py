@@ -4,9 +4,10 @@ token, for every drafter, lookahead (fixed and mixed per row), batch size and sh
 from __future__ import annotations
 
 import pytest
+import torch
 from engine_helpers import MixedLookahead, assert_exact, greedy_reference, random_prompts, run_engine, tiny_config
 
-from specbatch.engine.build import load_models
+from specbatch.engine.build import hf_backend, load_models
 
 NUM_PROMPTS = 32
 
@@ -81,3 +82,20 @@ def test_gpt2_family_is_exact(tiny_gpt2):
         config = tiny_config(tiny_gpt2, "scheduler.max_batch_rows=5", f"models.attn_implementation={attn}")
         rows, _, _ = run_engine(config, requests)
         assert_exact(rows, refs)
+
+
+@pytest.mark.parametrize("pair", ["tiny_pair", "tiny_gpt2"])
+@pytest.mark.parametrize("chunks", [[[5, 6, 7, 8], [9], [10, 11, 12, 13]], [[5, 6, 7], [8], [9, 10, 11], [12, 13]],
+                                    [[5, 6], [7, 8]], [[5], [6], [7]]])
+def test_a_draft_steps_logits_are_each_rows_last_positions(request, pair, chunks):
+    """A draft step keeps logits at each row's last position only (`last_only`: ragged catch-up
+    chunks, some rows ending at one position, all at one, or all single tokens): the full pass's
+    logits there, over the same cache contents."""
+    config = tiny_config(request.getfixturevalue(pair), "scheduler.max_batch_rows=6")
+    backend, _ = hf_backend(config, load_models(config))
+    draft = backend.drafter.draft
+    slots, starts = list(range(len(chunks))), [3] * len(chunks)
+    full, _ = draft.forward(slots, starts, chunks)
+    last, _ = draft.forward(slots, starts, chunks, last_only=True)  # writes the same keys and values again
+    expected = torch.stack([full[row, len(chunk) - 1] for row, chunk in enumerate(chunks)])[:, None]
+    torch.testing.assert_close(last, expected)

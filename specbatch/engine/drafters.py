@@ -99,10 +99,11 @@ class DraftModelDrafter(NoDrafter):
             # graph): a row not drafting rides along with one token written past its valid KV, ignored
             batch = range(len(rows)) if self.draft.pad_decode else active
             fed = [chunks.get(i) or (proposals.tokens[i] or rows[i].token_ids)[-1:] for i in batch]
-            logits, shape = self.draft.forward([slots[i] for i in batch], [fed_to[i] for i in batch], fed)
+            logits, shape = self.draft.forward([slots[i] for i in batch], [fed_to[i] for i in batch], fed,
+                                               last_only=True)
             assert logits is not None
             at = {i: index for index, i in enumerate(batch)}
-            last = logits[torch.tensor([at[i] for i in active]), torch.tensor([len(chunks[i]) - 1 for i in active])]
+            last = logits[torch.tensor([at[i] for i in active]), 0]
             last = self._to_target_vocab(last).to(self.target_device)  # [active rows, vocab]
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[i])

@@ -39,8 +39,12 @@ class SlotModel:
 
     @torch.no_grad()
     def forward(self, slots: list[int], starts: list[int], chunks: list[list[int]],
-                keep_logits: bool = True) -> tuple[torch.Tensor | None, PassShape]:
-        """Run the model; returns logits [len(slots), query_len, vocab] (None if keep_logits is False)."""
+                keep_logits: bool = True, last_only: bool = False) -> tuple[torch.Tensor | None, PassShape]:
+        """Run the model; returns logits [len(slots), query_len, vocab] (None if keep_logits is False),
+        or with `last_only` [len(slots), 1, vocab] at each row's last chunk position: a draft step
+        that catches a cache up on ragged lags needs no more, and the output layer over every padded
+        position cost more than the bundled draft's one decoder layer (`benchmarks/draft_catch_up.py`:
+        1.3x at 64 rows 4 tokens behind, 1.4-1.7x where some rows lag by whole prompts)."""
         query_len, num_bucket_rows = max(len(chunk) for chunk in chunks), len(slots)
         if self.pad_decode if keep_logits else self.pad_prefill:
             bucket = self.buckets.fit(num_bucket_rows, query_len)
@@ -56,19 +60,33 @@ class SlotModel:
         kv_len = self.buckets.kv_len(int(positions.max()) + 1, self.cache.max_len)
         self.cache.bind(all_slots, positions, kv_len)
         mask = causal_slot_mask(row_starts, query_len, kv_len, self.mask_dtype)
+        ends = [len(chunk) - 1 for chunk in chunks]
+        # the positions whose logits are computed, for every row: in an eager pass only the rows' last
+        # ones, where fewer than all; a captured graph keeps its one output shape, rows picked after
+        kept = sorted(set(ends)) if keep_logits and last_only and self.step is self.model else None
+        kept = kept if kept is not None and len(kept) < query_len else None
         output = (self.step if keep_logits else self.model)(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
-            logits_to_keep=0 if keep_logits else 1,
+            logits_to_keep=(0 if kept is None else torch.tensor(kept, device=device)) if keep_logits else 1,
             output_hidden_states=bool(self.feature_layers),
         )
         if self.feature_layers:
             self.features = torch.cat([output.hidden_states[i][: len(slots)] for i in self.feature_layers], dim=-1)
         shape = PassShape(len(slots), num_bucket_rows, query_len, kv_len, sum(len(c) for c in chunks))
-        return (output.logits[: len(slots)] if keep_logits else None), shape
+        if not keep_logits:
+            return None, shape
+        logits = output.logits[: len(slots)]
+        if not last_only:
+            return logits, shape
+        if len(set(ends)) == 1:  # every row's last position is one column: a view
+            column = 0 if kept is not None else ends[0]
+            return logits[:, column : column + 1], shape
+        columns = ends if kept is None else [kept.index(end) for end in ends]
+        return logits[torch.arange(len(slots), device=device), torch.tensor(columns, device=device)][:, None], shape
 
     def _padding_slots(self, slots: list[int], num_pad_rows: int) -> list[int]:
         """Slots for padded batch rows: the free slots right after contiguous real rows, so the cache
