@@ -129,13 +129,13 @@ class EagleDrafter:
         device = self.head.fc.weight.device
         lengths = [end - start for start, end in zip(starts, ends, strict=True)]
         query_len = max(lengths)
-        tokens = torch.zeros((len(rows), query_len), dtype=torch.long, device=device)
+        tokens = [row.token_ids[start + 1 : end + 1] + [0] * (query_len - end + start)
+                  for row, start, end in zip(rows, starts, ends, strict=True)]
         raw = torch.zeros((len(rows), query_len, self.head.fc.in_features), dtype=self.head.fc.weight.dtype,
                           device=device)
         for index, (row, start, end) in enumerate(zip(rows, starts, ends, strict=True)):
             held = self.features[row.request_id]
             assert held.first <= start and end <= held.end, "target features of a fed position are missing"
-            tokens[index, : end - start] = torch.tensor(row.token_ids[start + 1 : end + 1], dtype=torch.long)
             values = held.values()
             raw[index, : end - start] = values[start - held.first : end - held.first]
             self.features[row.request_id] = _Features(end - 1, [values[end - 1 - held.first :]], held.end - end + 1)
@@ -145,7 +145,7 @@ class EagleDrafter:
         real = offsets[None, :] < torch.tensor(lengths, device=device)[:, None]
         # padded queries write at the slot's last position, which no row's valid prefix reaches
         positions = torch.where(real, firsts[:, None] + offsets, self.cache.max_len - 1)
-        outputs = self._run(slots, positions, firsts, max(ends), tokens, hidden)
+        outputs = self._run(slots, positions, firsts, max(ends), torch.tensor(tokens, device=device), hidden)
         last = outputs[torch.arange(len(rows), device=device), torch.tensor(lengths, device=device) - 1]
         return last, PassShape(len(rows), len(rows), query_len, int(max(ends)), sum(lengths))
 

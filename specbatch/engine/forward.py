@@ -9,6 +9,7 @@ Decode-shaped passes (those that keep logits) run through `step`, the model or i
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ class SlotModel:
         # the drafter's none (eager) or its draft steps (graphs)
         self.pad_decode, self.pad_prefill = pad_decode, pad_prefill
         self.step = model if step is None else step
+        self.cache_argument = cache_argument(model)
         self.scratch_slot = cache.num_slots - 1  # padded batch rows write here, unless...
         self.is_free: Callable[[int], bool] = lambda slot: False  # ...the slots after the real rows are free
         # layers whose inputs an EAGLE drafter reads: each pass then keeps them side by side in
@@ -53,9 +55,9 @@ class SlotModel:
         num_pad_rows = num_bucket_rows - len(slots)
         all_slots = slots + self._padding_slots(slots, num_pad_rows)
         row_starts = torch.tensor(starts + [0] * num_pad_rows, dtype=torch.long, device=device)  # [rows]
-        input_ids = torch.zeros((num_bucket_rows, query_len), dtype=torch.long, device=device)
-        for row, chunk in enumerate(chunks):
-            input_ids[row, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+        # built on the host and copied once: a copy per row cost a transfer each on a GPU
+        padded = [chunk + [0] * (query_len - len(chunk)) for chunk in chunks] + [[0] * query_len] * num_pad_rows
+        input_ids = torch.tensor(padded, dtype=torch.long, device=device)
         positions = row_starts[:, None] + torch.arange(query_len, device=device)  # [rows, query_len]
         kv_len = self.buckets.kv_len(int(positions.max()) + 1, self.cache.max_len)
         self.cache.bind(all_slots, positions, kv_len)
@@ -69,7 +71,7 @@ class SlotModel:
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
-            cache=self.cache,
+            **{self.cache_argument: self.cache},
             use_cache=True,
             logits_to_keep=(0 if kept is None else torch.tensor(kept, device=device)) if keep_logits else 1,
             output_hidden_states=bool(self.feature_layers),
@@ -107,3 +109,11 @@ class SlotModel:
                 self.forward(list(range(num_rows)), [0] * num_rows, [[0] * query_len] * num_rows)
         finally:
             self.is_free = is_free
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` in newer transformers 5.x,
+    `past_key_values` before (5.17 and older; the H200 image's). A model given the cache under the
+    other name silently runs without it, so this is read off the signature, not assumed."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
