@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import MixedLookahead, assert_exact, greedy_reference, random_prompts, run_engine, tiny_config
+from transformers import LlamaForCausalLM
 
 from specbatch.engine.build import hf_backend, load_models
+from specbatch.engine.forward import cache_argument
 
 NUM_PROMPTS = 32
 
@@ -99,3 +101,24 @@ def test_a_draft_steps_logits_are_each_rows_last_positions(request, pair, chunks
     last, _ = draft.forward(slots, starts, chunks, last_only=True)  # writes the same keys and values again
     expected = torch.stack([full[row, len(chunk) - 1] for row, chunk in enumerate(chunks)])[:, None]
     torch.testing.assert_close(last, expected)
+
+
+class PastKeyValuesLlama(LlamaForCausalLM):
+    """A model whose forward takes its KV cache as `past_key_values`, as transformers 5.17 and older
+    and remote-code models name it; given the cache under another name it would silently run without."""
+
+    def forward(self, *args, past_key_values=None, **kwargs):
+        assert "cache" not in kwargs, "the cache came under a name this model's forward does not take"
+        return super().forward(*args, cache=past_key_values, **kwargs)
+
+
+def test_a_model_that_takes_its_cache_as_past_key_values_gets_it_so(tiny_pair, references):
+    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=7", "drafter.kind=draft")
+    models = load_models(config)
+    legacy = PastKeyValuesLlama(models.target.config).to(models.target.dtype).eval()
+    legacy.load_state_dict(models.target.state_dict())
+    models.target = legacy
+    assert cache_argument(models.target) == "past_key_values"
+    requests, refs = references
+    rows, _, _ = run_engine(config, requests[:7], models=models)
+    assert_exact(rows, refs[:7])
