@@ -110,16 +110,20 @@ def simulate(
     acceptance: Annotated[str, typer.Option(help="alpha | domain=mean:concentration,... | replay:JOB_DIR")]
     = "code=0.8:20,prose=0.55:10",
     seed: Annotated[int, typer.Option(help="random seed (same seed, same jobs)")] = 0,
+    timing_noise: Annotated[float, typer.Option(min=0.0, help="σ of each round's log speed (a shared host's "
+                                                "round-to-round swings); 0: every round takes its price")] = 0.0,
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
 ) -> None:
     """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
     from specbatch.config import ConfigError, load_config
     from specbatch.lab.compare import simulate_policies
+    from specbatch.sim.run import SimOptions
 
     try:
         job_config = load_config(config, set_)
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
-                                  output, seed=seed, acceptance=acceptance, cost_model=cost_model, console=console)
+                                  output, seed=seed, acceptance=acceptance, cost_model=cost_model,
+                                  options=SimOptions(timing_noise=timing_noise), console=console)
     except (ConfigError, ValueError, FileNotFoundError) as error:
         fail(str(error))
     console.print(f"comparison: {study.comparison_md}")

@@ -3,7 +3,10 @@
 It returns the same `RoundOutcome` as `HFBackend` and, like it, never writes a row, so the unchanged
 `Engine` and the scheduler's commit step commit, stop and record it. What a model would decide comes from elsewhere:
 - round time: the cost model's `predict_ms` over the round's passes, rows (padding included) and
-  KV reads, with the pass shapes `HFBackend` would build (same buckets, same KV-length rounding);
+  KV reads, with the pass shapes `HFBackend` would build (same buckets, same KV-length rounding),
+  times a seeded mean-1 lognormal factor per round where `timing_noise` is set: a machine whose
+  speed varies round to round, as a shared host's does, which decisions from measured timings
+  must survive;
 - accepted prefix: an acceptance model (per-request α per domain, or replayed histories);
 - tokens: a fixed fake token id, and `SIM_EOS_TOKEN_ID` at the request's output length when it
   ends by EOS, so the real `StopChecker` finishes it and discards what was accepted past it.
@@ -53,13 +56,20 @@ class SimBackend:
         drafter_kind: str,
         outputs: Mapping[str, tuple[int, bool]],
         seed: int = 0,
+        timing_noise: float = 0.0,
+        worker_id: int = 0,
     ) -> None:
         """`outputs[request_id]` = (output tokens the request generates, whether the last is EOS);
-        `max_kv_len` is a slot's length (context + max lookahead + 1), the KV-length ceiling."""
+        `max_kv_len` is a slot's length (context + max lookahead + 1), the KV-length ceiling;
+        `timing_noise` the σ of the log of each round's speed factor (0: every round as priced)."""
         if drafter_kind not in ("draft", "eagle", "ngram", "none"):
             raise ValueError(f"unknown drafter kind {drafter_kind!r}")
         self.cost, self.acceptance, self.clock, self.buckets = cost, acceptance, clock, buckets
         self.max_kv_len, self.outputs, self.seed = max_kv_len, outputs, seed
+        if timing_noise < 0:
+            raise ValueError(f"timing_noise must be >= 0, got {timing_noise}")
+        self.timing_noise = timing_noise
+        self._speed = random.Random(f"specbatch.sim.speed:{seed}:{worker_id}")
         self.uses_draft_model = drafter_kind in ("draft", "eagle")
         self.rngs: dict[str, random.Random] = {}
         self._drafts: dict[int, list[int]] = {}  # k -> k fake draft tokens
@@ -176,7 +186,15 @@ class SimBackend:
         if (proposals := outcome.proposals) is not None:
             draft = (c.draft_passes * proposals.num_passes
                      + c.draft_rows * (proposals.num_draft_rows + proposals.num_padded_draft_rows))
-        return prefill, draft_prefill, draft, c.intercept_ms + verify
+        scale = self._round_speed()
+        return prefill * scale, draft_prefill * scale, draft * scale, (c.intercept_ms + verify) * scale
+
+    def _round_speed(self) -> float:
+        """This round's time factor: exp(N(−σ²/2, σ)), whose mean is 1, so noise moves no policy's
+        expected time, only what a few rounds' timings say about it."""
+        if not self.timing_noise:
+            return 1.0
+        return math.exp(self._speed.gauss(-self.timing_noise**2 / 2, self.timing_noise))
 
 
 def _pass_ms(cost: CostModel, shape: PassShape) -> float:

@@ -74,12 +74,15 @@ class SimOptions:
     max_waiting_per_worker: int | None = None  # None: every arrival is dispatched at once
     records_per_part: int = 20_000  # records buffered per worker before a part is written (memory)
     overwrite: bool = False  # replace a job directory that already has parts
+    timing_noise: float = 0.0  # σ of log round speed, seeded per worker (SimBackend); 0: rounds take their price
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.step_sample_every < 0 or self.records_per_part < 1:
             raise ValueError("need workers >= 1, step_sample_every >= 0, records_per_part >= 1")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.timing_noise < 0:
+            raise ValueError(f"timing_noise must be >= 0, got {self.timing_noise}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
         if self.max_waiting_per_worker is not None and self.max_waiting_per_worker < 1:
@@ -126,8 +129,8 @@ def simulate(
     started = time.perf_counter()
     state = _State([], options, sim_max_context(config) - 1, progress=progress)
     sampled = None if options.step_sample_every == 1 else state.sampled
-    state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model)
-                     for w in range(options.workers)]
+    state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model,
+                                options.timing_noise) for w in range(options.workers)]
     state.in_busy = [False] * options.workers
     collector = SummaryCollector(len(requests), math.ceil(options.warmup_fraction * len(requests)))
     _event_loop(state, requests, config, collector)

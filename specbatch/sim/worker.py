@@ -70,16 +70,19 @@ def build_sim_engine(
     recorder: Recorder,
     worker_id: int = 0,
     scheduler_cost: CostModel | None = None,
+    timing_noise: float = 0.0,
 ) -> tuple[Engine, VirtualClock]:
     """An `Engine` whose backend and clock are simulated; everything else is the real thing.
 
-    `cost` is the simulated truth (round times); `scheduler_cost` is what the scheduler and its
-    policies believe, by default the config's, exactly as the real engine's scheduler is built."""
+    `cost` is the simulated truth (round times, each scaled by a seeded factor where `timing_noise`
+    is set: `SimBackend`); `scheduler_cost` is what the scheduler and its policies believe, by
+    default the config's, exactly as the real engine's scheduler is built."""
     context = sim_max_context(config)
     slot_len = context + max_lookahead(config) + 1
     buckets = job_buckets(config)
     clock = VirtualClock()
-    backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed)
+    backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed,
+                         timing_noise, worker_id)
     limits = EngineLimits(context, sim_kv_capacity_tokens(config, slot_len), frozenset({SIM_EOS_TOKEN_ID}),
                           sim_decode)
     return build_engine(config, backend, limits, recorder, worker_id, clock, scheduler_cost), clock
@@ -154,9 +157,11 @@ def new_worker(
     worker_id: int,
     sampled_steps: set[str] | None,
     scheduler_cost: CostModel | None = None,
+    timing_noise: float = 0.0,
 ) -> SimWorker:
     """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
     writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
     recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
-    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost)
+    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost,
+                                     timing_noise)
     return SimWorker(worker_id, engine, clock, writer)
