@@ -112,3 +112,28 @@ def test_inline_domain_draws_equal_the_acceptance_model():
         recorder, _ = sim_run(config, rows, {r.request_id: (20 + i, i % 2 == 0) for i, r in enumerate(rows)}, model)
         runs.append([counters(r) for r in recorder.rounds])
     assert runs[0] == runs[1] and sum(r["num_accepted"] for r in runs[0]) > 0
+
+
+def test_timing_noise_scales_whole_rounds_by_a_seeded_mean_one_factor():
+    """A noisy machine moves round times, never the work: same counters as the noiseless run, the
+    same times again for the same seed, each round's phases scaled together, about the same total."""
+    config = load_config(None, ["capacity.max_context=256", "scheduler.lookahead=fixed:2", "scheduler.max_batch_rows=4"])
+
+    def run(noise: float):
+        rows = [Row(f"r{i}", [1] * (5 + i), SamplingParams(max_new_tokens=120)) for i in range(8)]
+        recorder = MemoryRecorder()
+        engine, _ = build_sim_engine(config, COST, DomainAcceptance({"*": (0.7, 20.0)}),
+                                     {r.request_id: (120, False) for r in rows}, recorder, timing_noise=noise)
+        for row in rows:
+            engine.add(row)
+        engine.run()
+        return recorder.rounds
+
+    quiet, noisy, again = run(0.0), run(0.3), run(0.3)
+    assert [counters(r) for r in noisy] == [counters(r) for r in quiet]
+    assert [r.round_ms for r in noisy] == [r.round_ms for r in again]
+    factors = [n.round_ms / q.round_ms for n, q in zip(noisy, quiet, strict=True)]
+    for n, q, factor in zip(noisy, quiet, factors, strict=True):
+        assert n.verify_ms == pytest.approx(q.verify_ms * factor) and n.draft_ms == pytest.approx(q.draft_ms * factor)
+    assert len(set(factors)) == len(factors) > 100
+    assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.05)
