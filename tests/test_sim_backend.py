@@ -117,7 +117,8 @@ def test_inline_domain_draws_equal_the_acceptance_model():
 def test_timing_noise_scales_whole_rounds_by_a_seeded_mean_one_factor():
     """A noisy machine moves round times, never the work: same counters as the noiseless run, the
     same times again for the same seed, each round's phases scaled together, about the same total."""
-    config = load_config(None, ["capacity.max_context=256", "scheduler.lookahead=fixed:2", "scheduler.max_batch_rows=4"])
+    config = load_config(None, ["capacity.max_context=256", "scheduler.lookahead=fixed:2",
+                                "scheduler.max_batch_rows=4"])
 
     def run(noise: float):
         rows = [Row(f"r{i}", [1] * (5 + i), SamplingParams(max_new_tokens=120)) for i in range(8)]
