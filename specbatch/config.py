@@ -135,16 +135,6 @@ class DrafterConfig(_Section):
     kind: Literal["draft", "eagle", "ngram", "none"] = "draft"
     ngram_max: int = Field(default=3, ge=1, le=8)
     ngram_min: int = Field(default=1, ge=1, le=8)
-    # with a model drafter: rows whose own text repeats their last n-gram draft by lookup, with no model
-    # pass, and only the rest by the model (engine/drafters.NgramFirstDrafter)
-    ngram_first: bool = False
-
-    @model_validator(mode="after")
-    def _ngram_first_needs_a_model(self) -> DrafterConfig:
-        if self.ngram_first and self.kind not in ("draft", "eagle"):
-            raise ValueError(f"drafter.ngram_first needs a model drafter to fall back on (kind draft or eagle), "
-                             f"not {self.kind}")
-        return self
 
 
 class SchedulerConfig(_Section):

@@ -185,24 +185,3 @@ def test_a_head_over_the_whole_vocabulary_is_saved_without_token_maps(tmp_path):
     assert not {"d2t", "t2d"} & set(saved) and set(saved) == PUBLIC_NAMES - {"d2t", "t2d"}
     again = load_head(str(tmp_path / "again"), target)
     assert torch.equal(again.d2t, torch.zeros(300, dtype=torch.long)) and bool(again.t2d.all())
-
-
-@pytest.mark.parametrize("batch", [1, 7])
-def test_eagle_with_lookup_first_matches_target(tiny_pair, tiny_eagle, eagle_references, batch):
-    """Rows that draft by lookup leave the head's cache behind; its features of their verified
-    positions are kept, so the head catches up when it next drafts for them."""
-    models, requests, refs = eagle_references
-    count = {1: 6, 7: 14}[batch]
-    config = tiny_config(tiny_pair, "drafter.kind=eagle", f"models.eagle={tiny_eagle}", "drafter.ngram_first=true",
-                         f"scheduler.max_batch_rows={batch}", "scheduler.prefill_chunk=fixed:16",
-                         "scheduler.lookahead=fixed:8")
-    rows, recorder, _ = run_engine(config, requests[:count], lookahead=MixedLookahead(), models=models)
-    assert_exact(rows, refs[:count])
-    assert sum(r.num_draft_rows for r in recorder.rounds) > 0 and sum(r.num_accepted for r in recorder.rounds) > 0
-
-
-def test_lookup_first_needs_a_model_drafter():
-    from specbatch.config import ConfigError, load_config
-
-    with pytest.raises(ConfigError, match="ngram_first needs a model drafter"):
-        load_config(None, ["drafter.kind=ngram", "drafter.ngram_first=true"])

@@ -122,23 +122,3 @@ def test_a_model_that_takes_its_cache_as_past_key_values_gets_it_so(tiny_pair, r
     requests, refs = references
     rows, _, _ = run_engine(config, requests[:7], models=models)
     assert_exact(rows, refs[:7])
-
-
-@pytest.mark.parametrize("lookahead", ["fixed:3", "mixed"])
-@pytest.mark.parametrize("batch", [1, 7, 32])
-def test_greedy_matches_target_with_lookup_first(tiny_pair, references, lookahead, batch):
-    """drafter.ngram_first: rows whose text repeats draft by lookup, the rest by the draft model, in
-    the same rounds; the model's cache catches up on what lookup's rows committed."""
-    requests, refs = references
-    count = {1: 6, 7: 14, 32: NUM_PROMPTS}[batch]
-    policy = MixedLookahead() if lookahead == "mixed" else None
-    settings = ["drafter.kind=draft", f"scheduler.max_batch_rows={batch}", "scheduler.prefill_chunk=fixed:16",
-                f"scheduler.lookahead={'fixed:8' if policy else lookahead}"]
-    rows, recorder, _ = run_engine(tiny_config(tiny_pair, *settings, "drafter.ngram_first=true"), requests[:count],
-                                   lookahead=policy)
-    assert_exact(rows, refs[:count])
-    _, model_only, _ = run_engine(tiny_config(tiny_pair, *settings), requests[:count],
-                                  lookahead=MixedLookahead() if policy else None)
-    draft_rows = sum(r.num_draft_rows for r in recorder.rounds)
-    assert 0 < draft_rows < sum(r.num_draft_rows for r in model_only.rounds)  # both kinds of rows drafted
-    assert sum(r.num_accepted for r in recorder.rounds) > 0

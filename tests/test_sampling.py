@@ -77,10 +77,9 @@ def sample_outputs(small_vocab_pair, drafter: str, coupling: str, num_tokens: in
 
     from specbatch.core import Row, SamplingParams
     from specbatch.engine.build import build_hf_engine, load_models
-    from specbatch.lab.bench import drafter_settings
     from specbatch.loop import MemoryRecorder
 
-    config = tiny_config(small_vocab_pair, *drafter_settings(drafter), "scheduler.lookahead=fixed:3",
+    config = tiny_config(small_vocab_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3",
                          f"sampling.coupling={coupling}", "scheduler.max_batch_rows=64", f"models.eagle={eagle}")
     models = load_models(config)
     recorder = MemoryRecorder()
@@ -127,12 +126,11 @@ def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, small
 
 @pytest.mark.slow  # 6 × ~13 s
 @pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
-@pytest.mark.parametrize("drafter", ["draft", "ngram", "eagle", "ngram+draft"])
+@pytest.mark.parametrize("drafter", ["draft", "ngram", "eagle"])
 def test_a_token_after_an_accepted_draft_follows_the_target_law(small_vocab_pair, small_vocab_eagle, drafter, coupling):
     """Requests of 4 tokens, so the round after the first token runs k = 2 and the rule also decides
     at draft position 1, after an accepted draft: the law of the first three tokens (V³ outcomes),
-    the third of which that decision emits, is the target's. With lookup first, the prompt's last
-    n-gram (1 2) repeats, so the first round drafts by lookup and later rounds by either."""
+    the third of which that decision emits, is the target's."""
     rows, recorder, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 3, 1.0, 1.0, 4000,
                                                 max_new_tokens=4, eagle=small_vocab_eagle)
     assert_follows(rows, law, vocab, 3)

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
 from specbatch.engine.coupling import make_coupling
-from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NgramFirstDrafter, NoDrafter
+from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specbatch.engine.eagle import EagleHead, aux_layer_ids, load_head
 from specbatch.engine.eagle_drafter import EagleDrafter
 from specbatch.engine.forward import SlotModel
@@ -141,8 +141,6 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
         drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
     else:
         drafter = NoDrafter()
-    if config.drafter.ngram_first:
-        drafter = NgramFirstDrafter(drafter, NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max))
 
     def warm_up() -> None:
         target.warm_up(warm_shapes(buckets, max_rows, k_max + 1))

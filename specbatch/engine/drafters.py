@@ -1,10 +1,9 @@
 """Drafters propose up to k tokens per row; the target verifies them in one pass.
 
 `DraftModelDrafter` runs a small causal LM with its own slot cache (same slots as the target),
-`NgramDrafter` looks the row's last n-gram up in its own prompt + output (prompt lookup),
-`NgramFirstDrafter` looks up first and runs a model drafter only for the rows lookup found nothing
-for, and `NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path). The
-EAGLE-3 head, which drafts from the target's hidden states, is `engine/eagle_drafter.py`.
+`NgramDrafter` looks the row's last n-gram up in its own prompt + output (prompt lookup), and
+`NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path). The EAGLE-3 head,
+which drafts from the target's hidden states, is `engine/eagle_drafter.py`.
 """
 
 from __future__ import annotations
@@ -137,40 +136,3 @@ class DraftModelDrafter(NoDrafter):
         if row.params.is_greedy:
             return int(logits.argmax()), None
         return coupling.draft(row, row.num_output_tokens + draft_index, logits)
-
-
-class NgramFirstDrafter:
-    """Prompt lookup first, the model for the rest: a row whose own text holds its last n-gram again
-    drafts what followed it there at no model cost, and only the other rows run the model drafter's
-    passes. Lookup's proposals are point masses, as `NgramDrafter`'s, so the acceptance rule stays
-    exact for either kind of row; a row that drafted by lookup leaves the model's cache behind by
-    what it committed, a lag the model's next step for it catches up, as after plain rounds."""
-
-    uses_model = True
-
-    def __init__(self, model: Drafter, lookup: NgramDrafter) -> None:
-        self.model, self.lookup = model, lookup
-
-    @property
-    def draft(self) -> SlotModel | None:
-        """The draft model's passes, for a backend that lends it its free slots (None for EAGLE)."""
-        return getattr(self.model, "draft", None)
-
-    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
-        return self.model.prefill(rows, slots, starts, ends)
-
-    def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
-        self.model.observe(rows, starts, lengths, features)
-
-    def forget(self, request_id: str) -> None:
-        self.model.forget(request_id)
-
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
-                coupling: Coupling) -> Proposals:
-        looked_up = self.lookup.propose(rows, ks, slots, starts, coupling).tokens
-        proposals = self.model.propose(rows, [0 if found else k for k, found in zip(ks, looked_up, strict=True)],
-                                       slots, starts, coupling)
-        for i, found in enumerate(looked_up):
-            if found:
-                proposals.tokens[i], proposals.draft_probs[i] = found, None
-        return proposals

@@ -244,18 +244,17 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     records of `prompts_file` that a job would run; each row the median of `repeats` interleaved runs."""
     console = console or Console()
     for mode, drafter, lookahead in product(graphs, drafters, lookaheads or ("",)):  # bad input fails first
-        load_config(config_path, [*(overrides or []), f"models.graphs={mode}", *drafter_settings(drafter),
+        load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
                                   *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
     if peer is not None:
         check_venv(peer_venv)
     # the draft model (its rows, hf-assisted) and the EAGLE head load for the drafters asked, whatever
     # drafter the config names
-    kinds = {drafter.rpartition("+")[2] for drafter in drafters}
-    kind = "draft" if "draft" in kinds and base.models.draft else "none"
+    kind = "draft" if "draft" in drafters and base.models.draft else "none"
     loaded = base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": kind})})
     models = load_models(loaded)
-    if "eagle" in kinds and base.models.eagle:
+    if "eagle" in drafters and base.models.eagle:
         models.eagle = load_head(base.models.eagle, models.target)
     if prompts_file is not None:
         prompts, num_dropped = file_prompts(prompts_file, base, models.tokenizer)
@@ -330,15 +329,6 @@ def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> li
     return rows
 
 
-def drafter_settings(name: str) -> list[str]:
-    """The config settings a bench drafter name stands for: a `drafter.kind`, or `ngram+KIND`, lookup
-    first and the model drafter KIND for the rest (`drafter.ngram_first`)."""
-    lookup, plus, kind = name.rpartition("+")
-    if plus and lookup != "ngram":
-        raise ValueError(f"drafter {name!r}: only ngram+KIND combines two drafters")
-    return [f"drafter.kind={kind}", *(["drafter.ngram_first=true"] if plus else [])]
-
-
 def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], refs: dict, config_path: Path | None,
                  overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str]], job_prompts: int,
                  repeats: int = 1) -> list[BenchResult]:
@@ -351,11 +341,10 @@ def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], re
         ("hf-generate", lambda: _hf_generate_row(models, prompts, refs, batch_size))]
     for mode in graphs:
         for drafter, lookahead in runs:
-            kind = drafter.rpartition("+")[2]
-            if (kind == "draft" and models.draft is None) or (kind == "eagle" and models.eagle is None):
+            if (drafter == "draft" and models.draft is None) or (drafter == "eagle" and models.eagle is None):
                 continue
             config = load_config(config_path, [*overrides, f"scheduler.max_batch_rows={batch_size}",
-                                               *drafter_settings(drafter), f"models.graphs={mode}",
+                                               f"drafter.kind={drafter}", f"models.graphs={mode}",
                                                *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
             label = drafter + (f"-{lookahead}" if lookahead and drafter != "none" else "")
             name = f"specbatch-{label}" + ("" if mode == "eager" else f"-{mode}")
