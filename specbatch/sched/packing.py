@@ -62,6 +62,6 @@ class Packer:
         k = round(self.ctx.recent_k)
         shape = DecodeShape()
         for row in rows:
-            shape.add(row.num_computed, k, draft_lag(row))
+            shape.add(row.num_computed, k, draft_lag(row) if k else 0)
         tokens = sum(expected_tokens(self.ctx.alpha(row), k) for row in rows)
         return tokens / self.ctx.round_cost.decode_ms(shape)

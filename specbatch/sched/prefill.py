@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from specbatch.core import Row
 from specbatch.sched.context import SchedContext
-from specbatch.sched.roundcost import DecodeShape, draft_lag
+from specbatch.sched.roundcost import DecodeShape
 
 
 @dataclass
@@ -57,7 +57,7 @@ class DeadlinePrefillChunk:
             starts.append(row.num_computed)
             budget -= size
             if size == row.num_prefill_remaining and budget >= 1:
-                shape.add(row.num_computed + size, 0, draft_lag(row))
+                shape.add(row.num_computed + size, 0)
                 budget -= 1
         round_cost = self.ctx.round_cost
         extra = round_cost.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0),

@@ -38,10 +38,11 @@ class DecodeShape:
     def of(cls, rows: list[Row], ks: list[int]) -> DecodeShape:
         shape = cls()
         for row, k in zip(rows, ks, strict=True):
-            shape.add(row.num_computed, k, draft_lag(row))
+            shape.add(row.num_computed, k, draft_lag(row) if k else 0)
         return shape
 
-    def add(self, start: int, k: int, lag: float) -> None:
+    def add(self, start: int, k: int, lag: float = 0) -> None:
+        """One more row; its draft-cache lag counts only if it drafts (k ≥ 1)."""
         self.num_rows += 1
         self.max_start = max(self.max_start, start)
         self.max_k = max(self.max_k, k)
