@@ -202,6 +202,21 @@ def test_the_draft_gate_notices_when_drafting_starts_to_pay():
     assert sum(modes[6000 + 2048 + 64:]) > 0.99 * len(modes[6000 + 2048 + 64:])  # within one interval
 
 
+def test_the_first_comparison_waits_for_the_job_s_first_admissions_to_end():
+    """At a job's start every slot fills at once: the first decode rounds carry prefills of dozens of
+    prompts, a burst neither mode caused. Counted in the first comparison's first (plain) block, it
+    made plain decoding look slower than a drafting that loses (batch 128: 64 rounds of drafting at
+    0.88x plain)."""
+    gate, noise, modes = DraftGate(), random.Random(0), []
+    for i in range(64):
+        modes.append(gate.drafts)
+        tokens = 8 if gate.drafts else 10  # drafting commits 0.8x plain's tokens in the same time
+        burst = 300.0 if i < 3 else 0.0  # the first admissions' prefills, in the first decode rounds
+        gate.observe(4, round(tokens * noise.uniform(0.9, 1.1)), 10.0 * noise.uniform(0.95, 1.05) + burst,
+                     num_prefill_rows=45 if i < 3 else 0)
+    assert gate.choice is False and sum(modes[16:]) == 0
+
+
 def test_a_comparison_at_batch_1_costs_a_bounded_share_of_its_interval():
     """One row: a drafting round commits 1, 2 or 3 tokens, so separating a 1.3x winner by 3 standard
     errors takes dozens of rounds per mode, and after a 64-round interval that is more plain decoding

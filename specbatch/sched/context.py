@@ -89,7 +89,7 @@ class SchedContext:
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost
             round_ms = record.round_ms - record.warmup_ms - draft_prefill_ms  # the fill: charge_drafting
             self.draft_gate.observe(record.num_decode_rows, record.num_committed, round_ms, learning,
-                                    self.full_catch_up_ms)
+                                    self.full_catch_up_ms, record.num_prefill_rows)
             self.draft_gate.charge_drafting(draft_prefill_ms)
 
     def observe_finish(self, row: Row) -> None:
@@ -167,6 +167,9 @@ class DraftGate:
     overstate drafting there (1.45x), and plain blocks meet prefills the drafting blocks before
     them caused; charging each prefill to the round before instead measured the same and settled
     no better. The draft cache filled beside a prefill is charged to drafting (`charge_drafting`).
+    Except the job's first admissions: every slot fills at once, a burst no mode caused, so the
+    first comparison starts with the first decode round that prefills nothing (or after
+    `max_start_wait` rounds, where every round prefills).
 
     The interval doubles from `min_interval` to `max_interval` rounds while comparisons confirm the
     choice and starts again when one does not, so a clear winner costs little comparing and a change
@@ -195,6 +198,7 @@ class DraftGate:
     margin: float = 0.03
     memory: float = 0.5
     catch_up_share: int = 32
+    max_start_wait: int = 64  # decode rounds the first comparison waits for the first round without prefills
     drafts: bool = field(default=True, init=False)  # the mode of the next decode round
     choice: bool | None = field(default=None, init=False)  # the last comparison's winner
     interval: int = field(init=False)  # rounds the winner runs alone before the next comparison
@@ -205,6 +209,8 @@ class DraftGate:
     _skip_drafting: bool = field(default=True, init=False)  # the next drafting round catches up
     _block: int = field(default=0, init=False)  # rounds of the current mode in this comparison
     _catch_up_ms: float = field(default=0.0, init=False)  # the latest catch_up_ms observed
+    _started: bool = field(default=False, init=False)  # whether the job's first admissions are over
+    _waited: int = field(default=0, init=False)  # decode rounds seen before that
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
@@ -212,16 +218,24 @@ class DraftGate:
         self._compared = {True: 0, False: 0}
 
     def observe(self, num_rows: int, num_committed: int, round_ms: float, learning: bool = False,
-                catch_up_ms: float = 0.0) -> None:
+                catch_up_ms: float = 0.0, num_prefill_rows: int = 0) -> None:
         """One round's decode rows, committed tokens and time (its prefill included, its draft cache
         fill not); `learning`: drafting's cost not yet measured; `catch_up_ms`: what filling the
-        batch's draft caches from empty would cost."""
+        batch's draft caches from empty would cost; `num_prefill_rows`: rows the round prefilled."""
         self._catch_up_ms = catch_up_ms
         if num_rows == 0 or num_committed == 0 or round_ms <= 0:
             return  # a round of prefills only
         if learning:
             self.drafts = True  # let the policy's drafts and the probes measure drafting before anything compares it
             return
+        if not self._started:
+            # the job's first admissions fill every slot at once: a burst of prefills neither mode
+            # caused, which fell in the first plain block (at batch 128, two rounds of 45 prompts made
+            # plain decoding look slower than drafting, which then ran 64 rounds at 0.88x plain)
+            self._waited += 1
+            if num_prefill_rows and self._waited < self.max_start_wait:
+                return
+            self._started = True
         if not self.comparing:
             self._left -= 1
             if self._left <= 0:
