@@ -21,9 +21,7 @@ import typer
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import JobConfig, load_config
-from specbatch.engine.build import load_models
-from specbatch.engine.eagle import load_head
-from specbatch.lab.bench import run_engine
+from specbatch.lab.bench import load_models_for, run_engine
 from specbatch.lab.prompts import heldout_prompts
 from specbatch.records import RoundRecord
 from specbatch.sched.costmodel import CostModel
@@ -38,10 +36,8 @@ def config(spec: str, batch: int) -> JobConfig:
 def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str],
          rounds_file: Path | None = typer.Option(None, "--rounds")) -> None:
     hf_logging.set_verbosity_error()
-    base = load_config(None, ["drafter.kind=draft"])
-    models = load_models(base)
-    if any(spec.startswith("eagle/") for spec in specs):
-        models.eagle = load_head(base.models.eagle, models.target)
+    # the draft model always: it runs the warm-up
+    models = load_models_for(load_config(), ["draft", *(spec.split("/")[0] for spec in specs)])
     prompts = heldout_prompts(models.tokenizer, num_prompts, 128, seed=0)
     run_engine(config("draft/fixed:2", batch), models, prompts[:batch])  # warm-up
     runs: dict[str, list] = {spec: [] for spec in specs}

@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 
 from specbatch.config import load_config
-from specbatch.engine.build import hf_backend, load_models
-from specbatch.engine.eagle import load_head
+from specbatch.engine.build import hf_backend
 from specbatch.engine.forward import SlotModel
-from specbatch.lab.bench import run_engine
+from specbatch.lab.bench import load_models_for, run_engine
 from specbatch.lab.prompts import heldout_prompts
 
 CONFIGS = (("none", "fixed:0"), ("ngram", "fixed:4"), ("draft", "fixed:2"), ("eagle", "fixed:2"),
@@ -56,8 +55,7 @@ def main() -> None:
     batches = [int(b) for b in args.batch.split(",")]
     report: dict = {"passes": [], "runs": []}
     base = load_config(None, [*args.overrides, f"scheduler.max_batch_rows={max(batches)}", "drafter.kind=draft"])
-    models = load_models(base)
-    models.eagle = load_head(base.models.eagle, models.target)
+    models = load_models_for(base, ["draft", *(drafter for drafter, _ in CONFIGS)])
     backend, _ = hf_backend(base, models)
     draft = backend.drafter.draft  # type: ignore[attr-defined]  # a DraftModelDrafter: drafter.kind=draft
     print("pass                      rows  q  host ms  synced ms")

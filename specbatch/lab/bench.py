@@ -16,7 +16,7 @@ import json
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from itertools import product
@@ -102,6 +102,17 @@ class BenchResult:
     graphs: str = "eager"  # a specbatch row's graph mode
     num_runs: int = 1  # runs of which this row is the median (--repeats)
     outputs: dict[str, list[int]] = field(default_factory=dict, repr=False)  # token ids per request; not written
+
+
+def load_models_for(config: JobConfig, drafters: Iterable[str]) -> Models:
+    """The target with the draft model and the EAGLE head that `drafters` run, whatever drafter the
+    config names: one load serves every configuration of a side-by-side run."""
+    drafters = set(drafters)
+    kind = "draft" if "draft" in drafters and config.models.draft else "none"
+    models = load_models(config.model_copy(update={"drafter": config.drafter.model_copy(update={"kind": kind})}))
+    if "eagle" in drafters and config.models.eagle:
+        models.eagle = load_head(config.models.eagle, models.target)
+    return models
 
 
 class EngineRun(NamedTuple):
@@ -249,13 +260,7 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     base = load_config(config_path, [*(overrides or []), f"scheduler.max_batch_rows={max(batch_sizes)}"])
     if peer is not None:
         check_venv(peer_venv)
-    # the draft model (its rows, hf-assisted) and the EAGLE head load for the drafters asked, whatever
-    # drafter the config names
-    kind = "draft" if "draft" in drafters and base.models.draft else "none"
-    loaded = base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": kind})})
-    models = load_models(loaded)
-    if "eagle" in drafters and base.models.eagle:
-        models.eagle = load_head(base.models.eagle, models.target)
+    models = load_models_for(base, drafters)
     if prompts_file is not None:
         prompts, num_dropped = file_prompts(prompts_file, base, models.tokenizer)
         prompts = prompts[:num_prompts]
@@ -269,7 +274,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     hf_logging.set_verbosity_error()
     refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
     if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
-        run_engine(loaded.model_copy(update={"models": loaded.models.model_copy(update={"graphs": "eager"})}),
+        run_engine(base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": "draft"}),
+                                           "models": base.models.model_copy(update={"graphs": "eager"})}),
                    models, prompts[: max(batch_sizes)])
     runs = [(drafter, lookahead) for drafter in drafters for lookahead in (lookaheads or ("",))
             if drafter != "none" or lookahead == (lookaheads or ("",))[0]]  # without drafts lookahead is moot
