@@ -139,7 +139,7 @@ class Engine:
         round_ms = (self.clock() - started_s) * 1000  # the engine's clock: wall time, or virtual in the simulator
         record = self._round_record(plan, outcome, commit, started_s, commit_ms, round_ms)
         self.recorder.add_round(record)
-        self.scheduler.ctx.observe_round(record, outcome.num_draft_prefill_rows, outcome.draft_prefill_ms)
+        self.scheduler.observe_round(record, outcome.num_draft_prefill_rows, outcome.draft_prefill_ms)
         self.num_rounds += 1
         return commit.finished
 

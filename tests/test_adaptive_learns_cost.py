@@ -12,8 +12,8 @@ import pytest
 
 from specbatch.config import load_config
 from specbatch.records import RoundRecord
-from specbatch.sched.context import DraftGate
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
+from specbatch.sched.draft_control import DraftGate
 from specbatch.sched.factory import make_context
 from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sim.acceptance import DomainAcceptance
@@ -266,9 +266,9 @@ def test_only_a_draft_model_has_a_cost_to_learn_before_the_gate_compares(drafter
     """N-gram lookup runs no draft pass, so its gate compares from the start: were its cost 'unknown',
     the gate stayed learning all job long and never checked whether its drafts pay."""
     ctx = make_context(load_config(None, [f"drafter.kind={drafter}", "scheduler.lookahead=adaptive"]))
-    assert ctx.cost_fit is not None and ctx.cost_fit.knows_draft_cost is knows
-    ctx.plans_without_drafts = ctx.probe_every
-    assert ctx.wants_draft_probe is not knows
+    assert ctx.draft.cost_fit is not None and ctx.draft.cost_fit.knows_draft_cost is knows
+    ctx.draft.plans_without_drafts = ctx.draft.probe_every
+    assert ctx.draft.wants_probe is not knows
 
 
 # An H200's rounds of the bundled pair (benchmarks/results/gpu-h200-round-phases.txt): a target pass

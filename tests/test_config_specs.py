@@ -115,7 +115,7 @@ def test_no_drafter_runs_any_lookahead_with_no_drafts(lookahead):
     config = load_config(None, ["drafter.kind=none", f"scheduler.lookahead={lookahead}"])
     scheduler = make_scheduler(config, kv_capacity_tokens=10_000, max_context=512)
     assert scheduler.limits.max_lookahead == 0
-    assert scheduler.lookahead == FixedLookahead(0) if lookahead == "fixed:4" else scheduler.ctx.cost_fit is None
+    assert scheduler.lookahead == FixedLookahead(0) if lookahead == "fixed:4" else scheduler.draft.cost_fit is None
     loop = SimLoop(scheduler)
     for i in range(3):
         loop.add(make_row(f"r{i}", num_prompt=6, max_new=8))

@@ -23,9 +23,9 @@ from specbatch.sim.workload import DomainMix, UniformLength, Workload
 
 def always_probing(engine) -> None:
     """Make every plan without drafts probe, for the whole run (the draft cost is never 'known')."""
-    ctx = engine.scheduler.ctx
-    ctx.cost_fit = OnlineCostFit(CPU_DEMO_PROFILE, min_draft_rounds=10**9)
-    ctx.probe_every = 0
+    draft = engine.scheduler.draft
+    draft.cost_fit = OnlineCostFit(CPU_DEMO_PROFILE, min_draft_rounds=10**9)
+    draft.probe_every = 0
 
 
 def probing_run(config, requests, cycle: tuple[int, ...], **params):

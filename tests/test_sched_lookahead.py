@@ -176,7 +176,7 @@ def test_plain_rounds_between_the_gates_comparisons_fill_no_draft_cache():
     comparison runs: plain rounds leave every cache behind anyway, and filling each joining row before
     every comparison cost a batch-32 job where drafting tied ~7%."""
     scheduler = make_scheduler("fcfs", "adaptive", max_rows=8, max_lookahead=4)
-    gate = scheduler.ctx.draft_gate
+    gate = scheduler.draft.gate
     assert gate is not None
     for i in range(4):
         scheduler.add(make_row(f"good{i}", 100, 100, history=[(4, 4)] * 10, num_output=10))

@@ -10,8 +10,9 @@ from pathlib import Path
 from specbatch.config import JobConfig, LookaheadSpec, PrefillChunkSpec
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.capacity import KVBudget
-from specbatch.sched.context import DraftGate, SchedContext
+from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
+from specbatch.sched.draft_control import DraftControl, DraftGate
 from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead
 from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.order import LapsSd, SpecbatchOrder
@@ -127,11 +128,9 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     cost_fit = OnlineCostFit(round_cost.cost, draft_model=round_cost.uses_draft_model) if learns else None
     return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
-                        cost_fit=cost_fit,
-                        draft_gate=DraftGate() if learns else None,
                         # with a gate, whether anything drafts is measured: the prompts prefilled
                         # before the first decode round fill the draft cache only if it drafts
-                        drafting=not learns)
+                        draft=DraftControl(cost_fit, DraftGate() if learns else None, drafting=not learns))
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None

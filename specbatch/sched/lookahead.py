@@ -78,8 +78,8 @@ class AdaptiveLookahead:
     Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
     domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n). Where
     the round-time model is learnt on the run and has not measured the draft model, the scheduler's
-    probes do (`SchedContext.wants_draft_probe`), so a pessimistic prior cannot keep k at 0. With a
-    draft gate (`SchedContext.draft_gate`), its plain rounds plan k = 0 for every row.
+    probes do (`DraftControl.probe_row`), so a pessimistic prior cannot keep k at 0. With a
+    draft gate (`DraftControl.gate`), its plain rounds plan k = 0 for every row.
     """
 
     ctx: SchedContext
@@ -93,8 +93,7 @@ class AdaptiveLookahead:
     def choose(self, rows: list[Row], caps: list[int]) -> list[int]:
         if not rows or max(caps) == 0:
             return [0 for _ in rows]
-        gate = self.ctx.draft_gate
-        return self._choose(rows, caps) if gate is None or gate.drafts else [0 for _ in rows]
+        return self._choose(rows, caps) if self.ctx.draft.drafts_this_round else [0 for _ in rows]
 
     def drafts_when_current(self, rows: list[Row], caps: list[int]) -> bool:
         """Filling a prefilling row's draft cache costs its prompt in draft rows now; not filling it
@@ -107,14 +106,14 @@ class AdaptiveLookahead:
         +6 ms a prefill round (1,700-3,400 draft rows for nothing, ~7% of the job). The price: rows
         that joined plain rounds lag by their prompts at a comparison, which favours plain decoding,
         the mode the last comparison chose."""
-        gate = self.ctx.draft_gate
+        gate = self.ctx.draft.gate
         if not rows or max(caps) == 0 or (gate is not None and not gate.drafts and not gate.comparing):
             return False
         solutions = self._solutions(_Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z))
         return max(solutions, key=lambda k_max: solutions[k_max][0]) > 0
 
     def _choose(self, rows: list[Row], caps: list[int]) -> list[int]:
-        gate = self.ctx.draft_gate
+        gate = self.ctx.draft.gate
         horizon = max(self.switch_horizon, gate.interval) if gate is not None and gate.catches_up \
             else self.switch_horizon
         solutions = self._solutions(_Batch.of(self.ctx, rows, caps, horizon, self.explore_z))

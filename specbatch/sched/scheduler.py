@@ -15,13 +15,14 @@ import time
 from dataclasses import dataclass
 
 from specbatch.core import RoundPlan, Row, Status
+from specbatch.records import RoundRecord
 from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import AcceptanceStats
 from specbatch.sched.packing import Packer
 from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
 from specbatch.sched.queues import WaitQueue
-from specbatch.sched.roundcost import DecodeShape, draft_lag
+from specbatch.sched.roundcost import DecodeShape
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Scheduler:
         self.waiting = WaitQueue(self.order)
         self.running: list[Row] = []
         self.packer = Packer(self.ctx)
-        self.num_probes = 0  # draft probes planned so far (`_probe_row` alternates on it)
+        self.draft = self.ctx.draft  # does this round draft, which row probes
 
     @property
     def has_work(self) -> bool:
@@ -182,21 +183,16 @@ class Scheduler:
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s)
-        if plan.decode and self.ctx.wants_draft_probe and not any(k for _, k in plan.decode):
-            plan.probe = self._probe_row([row for row, _ in plan.decode])
+        plan.probe = self.draft.probe_row(plan)
         self.ctx.observe_plan(plan, len(self.running))
-        plan.draft_prefill = bool(plan.prefill) and (self.ctx.drafting or self._drafts_when_current(plan))
+        self.draft.observe_plan(plan, self.ctx.round_cost)
+        plan.draft_prefill = bool(plan.prefill) and (self.draft.drafting or self._drafts_when_current(plan))
         plan.plan_ms = (time.perf_counter() - started) * 1000
         return plan, admission
 
-    def _probe_row(self, rows: list[Row]) -> Row:
-        """The row a probe drafts for: by turns the one whose draft cache lags least (the cheapest
-        probe) and the one that lags most. Probes of the least lag alone fed the draft fit passes of
-        1 to 50 rows, which cannot tell a pass's price from a row's: on a host whose rounds swing by
-        10%, one fit priced a draft row at 20x its cost, every catch-up then looked dear, and the
-        policy never drafted where drafting paid 1.2x (a simulated batch-128 GPU-like job)."""
-        self.num_probes += 1
-        return (min if self.num_probes % 2 else max)(rows, key=draft_lag)
+    def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:
+        """A round ran: the drafting controller learns from it (`DraftControl.observe_round`)."""
+        self.draft.observe_round(record, self.ctx.round_cost, num_draft_prefill_rows, draft_prefill_ms)
 
     def _plan_decode(self, plan: RoundPlan, rows: list[Row]) -> int:
         budget = self.limits.max_round_tokens
