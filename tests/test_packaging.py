@@ -1,5 +1,5 @@
 """A non-editable install is complete: `pip install .` into a fresh venv, then `specbatch report`
-on a job from another directory (the SQL queries ship inside the package, not beside it)."""
+on a job from another directory (the wheel carries the top-level sql/ inside the package: setup.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def test_report_works_from_a_non_editable_install(installed, tmp_path):
     where = subprocess.run([str(python), "-c", "import specbatch; print(specbatch.__file__)"], cwd=tmp_path,
                            check=True, capture_output=True, text=True).stdout
     assert str(installed) in where and str(REPO) not in where  # the installed copy, not the checkout
+    queries = subprocess.run([str(python), "-c", "from specbatch.report import sql_dir; print(sql_dir())"],
+                             cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+    assert str(installed) in queries  # the wheel's copy of the top-level sql/
     simulated = subprocess.run([str(specbatch), "simulate", "--requests", "30", "--policies", "fcfs",
                                 "--output", str(tmp_path / "sim")], cwd=tmp_path, capture_output=True, text=True,
                                timeout=300)

@@ -145,12 +145,12 @@ def test_report_of_a_job_with_no_rounds(tmp_path: Path) -> None:
 
 
 README_DUCKDB = (  # the command the README shows, with JOB for the job directory
-    """duckdb -cmd "SET VARIABLE job_dir = 'JOB'" -cmd ".read specbatch/sql/views.sql" """
-    """-csv -c ".read specbatch/sql/drops.sql" """
+    """duckdb -cmd "SET VARIABLE job_dir = 'JOB'" -cmd ".read sql/views.sql" """
+    """-csv -c ".read sql/drops.sql" """
 )
 README_PYTHON = (  # the same without the duckdb CLI binary
     """.venv/bin/python -c "from specbatch.report import connect; con = connect(['JOB']); """
-    """con.sql(open('specbatch/sql/drops.sql').read()).write_csv('/dev/stdout')" """
+    """con.sql(open('sql/drops.sql').read()).write_csv('/dev/stdout')" """
 )
 REPO = Path(__file__).resolve().parent.parent
 
@@ -191,3 +191,9 @@ def test_the_readme_duckdb_line_runs_as_written(fake_jobs: list[Path]) -> None:
     assert version.split()[0].removeprefix("v").split(".")[:2] == duckdb.__version__.split(".")[:2], version
     output = _run_readme_line(line.replace("outputs/demo", str(fake_jobs[1])))
     assert "committed_tokens_per_s" in output and fake_jobs[1].name in output
+
+
+def test_a_source_checkout_reads_the_top_level_sql():
+    """One copy of the queries: `sql/` at the repository's top, read in place (a wheel carries a copy)."""
+    assert report.sql_dir() == REPO / "sql"
+    assert (report.sql_dir() / "views.sql").is_file()

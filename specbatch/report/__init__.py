@@ -73,11 +73,12 @@ class QueryResult:
 
 
 def sql_dir() -> Path:
-    """The queries: $SPECBATCH_SQL_DIR when set, else `specbatch/sql/` as installed with the package
-    (the same folder in a source checkout)."""
+    """The queries: $SPECBATCH_SQL_DIR when set, else `specbatch/sql/` as a wheel installs it (setup.py
+    copies the repository's `sql/` in), else the source checkout's top-level `sql/`."""
     if os.environ.get(SQL_DIR_ENV):
         return Path(os.environ[SQL_DIR_ENV])
-    return Path(str(resources.files("specbatch") / "sql"))
+    installed = Path(str(resources.files("specbatch") / "sql"))
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "sql"
 
 
 def connect(
