@@ -1,0 +1,229 @@
+"""Shared prompt prefixes computed once: which KV a newly running row can copy instead of computing.
+
+A causal model's KV at position p depends only on tokens 0..p, so a row whose prompt starts with
+tokens another row has already computed can take that row's KV for them (a memory copy into its own
+slot) and prefill only the rest. This module decides it, with no torch: an index of the prompts
+whose KV is held (`PrefixIndex`, a trie over fixed-size token blocks keyed by the tokens
+themselves, so a stale or colliding block cannot match), and the rule per prefilling row
+(`PrefixCache.plan`): copy the longest computed match now, or wait a round when a row admitted
+before it is still computing more of the same prefix (so a batch admitted at once computes a
+shared prefix once, not once per row). The backend does the copy (`RoundPlan.reuse`).
+
+Holders are running rows (their KV grows as they prefill) and finished rows whose slot is kept
+while free (`RetainedPrefix`): a later row can hit those too, and a backend that hands the slot to
+another row, pads into it or moves a row there first evicts it (`evict_slot`).
+
+Why waiting never deadlocks: a row waits only for a holder registered before it that is still
+prefilling, and such a holder never waits for a later one, so every chain of waits ends at a row
+that computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class PrefixHolder(Protocol):
+    """What the index reads of a holder: its prompt and how far its KV is computed."""
+
+    request_id: str
+    prompt_ids: list[int]
+    num_computed: int
+    num_draft_computed: int
+
+
+@dataclass(eq=False)
+class RetainedPrefix:
+    """A finished row's KV, kept in its free slot until the slot is needed."""
+
+    request_id: str
+    prompt_ids: list[int]
+    num_computed: int
+    num_draft_computed: int
+    slot: int
+
+
+@dataclass(eq=False)
+class _Node:
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+    holders: list[PrefixHolder] = field(default_factory=list)  # in registration order
+
+
+class PrefixIndex:
+    """A trie over `block_size`-token blocks of held prompts; each node lists the holders whose
+    prompt starts with the blocks on its path."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.root = _Node()
+        self._paths: dict[int, list[_Node]] = {}  # id(holder) -> the nodes it is listed at
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def insert(self, holder: PrefixHolder) -> None:
+        node, path = self.root, []
+        for block in self._blocks(holder.prompt_ids):
+            node = node.children.setdefault(block, _Node())
+            node.holders.append(holder)
+            path.append(node)
+        self._paths[id(holder)] = path
+
+    def remove(self, holder: PrefixHolder) -> None:
+        path = self._paths.pop(id(holder), None)
+        if path is None:
+            return
+        parent = self.root
+        for node in path:
+            node.holders = [h for h in node.holders if h is not holder]
+        # prune the nodes no holder lists any more, from the root down
+        for node, block in zip(path, self._blocks(holder.prompt_ids), strict=False):
+            if not node.holders:
+                parent.children.pop(block, None)
+                break
+            parent = node
+
+    def path(self, prompt_ids: list[int]) -> list[_Node]:
+        """The nodes of `prompt_ids`' whole blocks that some holder lists, from the root down."""
+        node, path = self.root, []
+        for block in self._blocks(prompt_ids):
+            child = node.children.get(block)
+            if child is None or not child.holders:
+                break
+            node = child
+            path.append(node)
+        return path
+
+    def _blocks(self, token_ids: list[int]) -> list[tuple[int, ...]]:
+        size = self.block_size
+        return [tuple(token_ids[i : i + size]) for i in range(0, len(token_ids) - size + 1, size)]
+
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """A row's KV positions copied from a holder this round: target [start, end), draft
+    [draft_start, draft_end) (an empty range where the holder's draft cache has nothing to give)."""
+
+    row_id: str
+    holder: PrefixHolder
+    start: int
+    end: int
+    draft_start: int
+    draft_end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+class PrefixCache:
+    """The reuse rule over a `PrefixIndex` of running and retained holders.
+
+    `draft_from_target_features` (an EAGLE head): the head's KV at position p was fed the target's
+    hidden state at p and token p + 1, so a hit keeps it only below the match's last token, and the
+    row's target reuse stops where the head's does: the head reads target features of every
+    position it has not fed, and copied target positions have none for the new row."""
+
+    def __init__(self, block_size: int, uses_draft_cache: bool, draft_from_target_features: bool) -> None:
+        self.index = PrefixIndex(block_size)
+        self.uses_draft_cache = uses_draft_cache
+        self.draft_from_target_features = draft_from_target_features
+        self.retained: dict[int, RetainedPrefix] = {}  # slot -> the finished row's prefix kept there
+        self._order: dict[int, int] = {}  # id(holder) -> registration number (who waits for whom)
+        self._num_registered = 0
+
+    def register(self, holder: PrefixHolder) -> None:
+        self.index.insert(holder)
+        self._order[id(holder)] = self._num_registered
+        self._num_registered += 1
+
+    def forget(self, holder: PrefixHolder) -> None:
+        self.index.remove(holder)
+        self._order.pop(id(holder), None)
+
+    def retain(self, row: PrefixHolder, slot: int) -> None:
+        """Keep a finished row's prompt KV in its (now free) slot as a holder of its own."""
+        self.forget(row)
+        num_computed = min(row.num_computed, len(row.prompt_ids))
+        if num_computed < self.index.block_size:
+            return
+        kept = RetainedPrefix(row.request_id, row.prompt_ids, num_computed,
+                              min(row.num_draft_computed, num_computed), slot)
+        self.evict_slot(slot)
+        self.retained[slot] = kept
+        self.register(kept)
+
+    def evict_slot(self, slot: int) -> None:
+        """The slot is about to be written by something else: its retained prefix is gone."""
+        kept = self.retained.pop(slot, None)
+        if kept is not None:
+            self.forget(kept)
+
+    def claim_slot(self, row: PrefixHolder, free_slots: list[int]) -> int:
+        """The free slot a newly admitted row takes: the retained one it shares the most computed
+        prefix with (its copy is then a no-op), else one that keeps nothing, else the longest kept.
+        The slot's retained prefix leaves the index at once; its KV stays readable until this
+        round's first pass, after the round's copies, so a copy planned from it still holds."""
+        best, best_len = None, 0
+        for holder, matched in self.matches(row):
+            if (isinstance(holder, RetainedPrefix) and holder.slot in free_slots
+                    and min(matched, holder.num_computed) > best_len):
+                best, best_len = holder.slot, min(matched, holder.num_computed)
+        if best is None:
+            empty = [slot for slot in free_slots if slot not in self.retained]
+            best = min(empty) if empty else next(slot for slot in self.retained if slot in free_slots)
+        self.evict_slot(best)
+        return best
+
+    def matches(self, row: PrefixHolder) -> list[tuple[PrefixHolder, int]]:
+        """(holder, prompt tokens it shares with `row`) for the holders sharing the most whole
+        blocks with it (the deepest node listing another holder), `row` itself left out."""
+        size = self.index.block_size
+        for depth in range(len(path := self.index.path(row.prompt_ids)), 0, -1):
+            others = [holder for holder in path[depth - 1].holders if holder is not row]
+            if others:
+                known = depth * size  # the first `depth` blocks are equal; compare at most one more
+                tail = row.prompt_ids[known : known + size]
+                return [(holder, known + shared_length(tail, holder.prompt_ids[known : known + size]))
+                        for holder in others]
+        return []
+
+    def plan(self, row: PrefixHolder) -> tuple[PrefixReuse | None, bool]:
+        """For a row with prefill left: the copy to make now, if any, and whether it should then
+        wait a round (not prefill) for an earlier row still computing more of its prefix."""
+        limit = len(row.prompt_ids) - 1  # the pending token is always computed by the verify pass
+        best: tuple[int, PrefixHolder] | None = None
+        wait = False
+        mine = self._order.get(id(row), self._num_registered)
+        for holder, shared in self.matches(row):
+            matched = min(shared, limit)
+            usable = self._usable(holder, matched)
+            if best is None or usable > best[0]:
+                best = (usable, holder)
+            if (self._order.get(id(holder), mine) < mine and not isinstance(holder, RetainedPrefix)
+                    and holder.num_computed < len(holder.prompt_ids) - 1
+                    and matched - max(usable, row.num_computed) >= self.index.block_size):
+                wait = True  # an earlier row is computing more of this prefix: take it when it has
+        if best is None or best[0] <= row.num_computed:
+            return None, wait
+        usable, holder = best
+        draft_end = min(usable, holder.num_draft_computed) if self.uses_draft_cache else 0
+        draft_start = min(row.num_draft_computed, draft_end)
+        return PrefixReuse(row.request_id, holder, row.num_computed, usable, draft_start, draft_end), wait
+
+    def _usable(self, holder: PrefixHolder, matched: int) -> int:
+        """Target positions a row matching `matched` prompt tokens of `holder` can copy from it."""
+        usable = min(matched, holder.num_computed)
+        if self.draft_from_target_features:
+            usable = min(usable, matched - 1, holder.num_draft_computed)
+        return max(usable, 0)
+
+
+def shared_length(a: list[int], b: list[int]) -> int:
+    """Length of the common leading run of two token lists."""
+    length = min(len(a), len(b))
+    for index in range(length):
+        if a[index] != b[index]:
+            return index
+    return length
