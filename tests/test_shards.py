@@ -194,3 +194,14 @@ def test_prompt_encoder_paths(tokenizer: PreTrainedTokenizerFast) -> None:
     plain = PromptEncoder(_PlainTokenizer())
     assert plain.encode(texts) == [[5, 5], [4, 4, 1, 4], [5]] and plain.backend is None
     assert plain.encode([]) == []
+
+
+def test_records_sharing_a_prefix_sort_together_and_others_keep_their_length_order():
+    from specbatch.data.prefix_groups import shared_prefix_keys
+
+    first, second = list(range(100, 164)), list(range(200, 264))
+    prompts = [first + [1], list(range(40)), second + [2, 3], first + [4, 5], second + [6], [7] * 3, None]
+    keys = shared_prefix_keys(prompts)
+    assert keys[0] == keys[3] == tuple(first) and keys[2] == keys[4] == tuple(second)
+    assert keys[1] == keys[5] == keys[6] == ()  # nothing shared: no key, grouped by length as before
+    assert shared_prefix_keys([first[:40] + [1], first[:40] + [2]]) == [tuple(first[:32])] * 2  # whole blocks

@@ -3,7 +3,7 @@
 Every input record lands in exactly one shard row, dropped ones too (with `drop_reason` set), so
 workers can account for each record without going back to the dataset. Records are buffered in
 windows of `io.group_window` (rounded up to whole shards), tokenized in one batch per window, sorted
-by (domain, prompt length) and cut into shards of `io.shard_size` rows: a worker gets similar
+by (domain, shared prefix, prompt length) and cut into shards of `io.shard_size` rows: a worker gets similar
 requests, which keeps its shape buckets full. Memory holds one window plus the set of seen ids.
 
 Each shard is written whole (`specbatch.storage`: `*.parquet.tmp` renamed on a local disk, one PUT
@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbatch.config import IOConfig, JobConfig
-from specbatch.data.ingest import iter_records, resolve_dataset
+from specbatch.data.ingest import DatasetSource, iter_records, resolve_dataset
+from specbatch.data.prefix_groups import shared_prefix_keys
 from specbatch.data.validate import Request, ValidationLimits, Validator
 from specbatch.faults import crash_point
 from specbatch.storage import TMP_SUFFIX, Location, Storage, is_url, open_input, open_storage
@@ -65,7 +66,7 @@ class ShardInfo:
 
 
 def shard_dataset(
-    dataset: Location,
+    dataset: Location | DatasetSource,
     job_dir: Location,
     config: JobConfig,
     tokenizer: Any = None,
@@ -79,11 +80,14 @@ def shard_dataset(
 
     Raises `DatasetError` before writing anything when the dataset cannot be read at all. Shards
     left by an earlier, interrupted call are removed first: sharding is deterministic, so a rerun
-    writes the same shards. `max_prompt_tokens` is checked only when a tokenizer is given.
+    writes the same shards. `max_prompt_tokens` is checked only when a tokenizer is given. A
+    `DatasetSource` (from `resolve_dataset`, as `job.prepare` hands it on) is read as resolved;
+    a path is resolved here with `dataset_format` and `column_map`.
     """
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
-    source = resolve_dataset(str(dataset), dataset_format, column_map)
+    source = dataset if isinstance(dataset, DatasetSource) else resolve_dataset(str(dataset), dataset_format,
+                                                                                 column_map)
     limits = limits or ValidationLimits()
     validator = Validator(
         config.sampling,
@@ -101,7 +105,8 @@ def shard_dataset(
     for window in _windows(requests, window_size(config.io)):
         if encoder is not None:
             _tokenize(window, encoder, max_prompt_tokens)
-        window.sort(key=_group_key)
+        keys = dict(zip(map(id, window), shared_prefix_keys([r.prompt_token_ids for r in window]), strict=True))
+        window.sort(key=lambda request: _group_key(request, keys[id(request)]))
         writer.write(window)
     if storage.is_local:
         os.sync()  # one flush for all shards (an fsync per shard costs ~3 ms each) before a manifest lists them
@@ -228,12 +233,14 @@ def _drop_late(request: Request, reason: str, message: str) -> None:
     request.max_new_tokens = request.temperature = request.top_p = request.seed = request.stop = None
 
 
-def _group_key(request: Request) -> tuple[bool, str, int, int]:
-    """Dropped rows last; then by domain and prompt length (tokens, or characters without a tokenizer)."""
+def _group_key(request: Request, prefix_key: tuple[int, ...]) -> tuple[bool, str, tuple[int, ...], int, int]:
+    """Dropped rows last; then by domain, shared prefix (`data/prefix_groups.py`: rows that share one
+    stay together, so a worker computes it once) and prompt length (tokens, or characters without a
+    tokenizer)."""
     length = request.num_prompt_tokens
     if length is None:
         length = len(request.prompt) if request.prompt is not None else 0
-    return (request.is_dropped, request.domain, length, request.position)
+    return (request.is_dropped, request.domain, prefix_key, length, request.position)
 
 
 def _log_summary(path: Location, writer: ShardWriter) -> None:

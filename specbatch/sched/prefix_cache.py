@@ -20,6 +20,7 @@ that computes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -220,7 +221,7 @@ class PrefixCache:
         return max(usable, 0)
 
 
-def shared_length(a: list[int], b: list[int]) -> int:
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common leading run of two token lists."""
     length = min(len(a), len(b))
     for index in range(length):
