@@ -22,6 +22,7 @@ from specbatch.data.shards import PromptEncoder
 from specbatch.lab.prompts import BenchPrompt
 from specbatch.models.corpus import documents
 
+LABELS = ("code", "prose")
 WORKLOADS = ("heldout", "shared-prefix", "fewshot", "chat", "document")
 
 
@@ -73,7 +74,7 @@ def _prefix_ids(kind: str, rng: random.Random, snippets: list[str], encode: Call
 
 _PREFIXES: dict[str, tuple[str, Callable[[random.Random, list[str]], str]]] = {
     "fewshot": ("Label each text as code or prose. Answer with one word.\n\n",
-                lambda rng, snippets: f"Text: {_excerpt(rng, snippets, 160)}\nLabel: {rng.choice(('code', 'prose'))}\n\n"),
+                lambda rng, snippets: f"Text: {_excerpt(rng, snippets, 160)}\nLabel: {rng.choice(LABELS)}\n\n"),
     "chat": ("<|system|>\nYou are a careful assistant. Follow these notes when you answer:\n",
              lambda rng, snippets: f"- {_excerpt(rng, snippets, 240)}\n"),
     "document": ("Read the document, then answer the question.\n\nDocument:\n",
