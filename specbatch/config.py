@@ -54,6 +54,12 @@ class LookaheadSpec:
     def __str__(self) -> str:
         return self.kind if self.k is None else f"{self.kind}:{self.k}"
 
+    def within(self, limit: int, name: str = "max_lookahead") -> LookaheadSpec:
+        """This spec, if its K is at most `limit`: fixed:K over the limit is an error, not a clamp."""
+        if self.k is not None and self.k > limit:
+            raise ValueError(f"{self} is over {name} ({limit}): lower K or raise max_lookahead")
+        return self
+
 
 @dataclass(frozen=True)
 class PrefillChunkSpec:
@@ -151,11 +157,8 @@ class SchedulerConfig(_Section):
     @field_validator("lookahead")
     @classmethod
     def _within_max_lookahead(cls, spec: LookaheadSpec, info: ValidationInfo) -> LookaheadSpec:
-        """fixed:K over max_lookahead is an error, not a clamp."""
         limit = info.data.get("max_lookahead")  # absent when max_lookahead itself is invalid
-        if spec.k is not None and limit is not None and spec.k > limit:
-            raise ValueError(f"{spec} is over scheduler.max_lookahead ({limit}): lower K or raise max_lookahead")
-        return spec
+        return spec if limit is None else spec.within(limit, "scheduler.max_lookahead")
 
 
 class CapacityConfig(_Section):
@@ -219,6 +222,20 @@ class JobConfig(_Section):
     io: IOConfig = IOConfig()
     workers: WorkersConfig = WorkersConfig()
     seed: int = 0
+
+    @property
+    def max_lookahead(self) -> int:
+        """Drafts a row may get: none without a drafter, whatever the lookahead policy says."""
+        return 0 if self.drafter.kind == "none" else self.scheduler.max_lookahead
+
+    @property
+    def effective_lookahead(self) -> LookaheadSpec:
+        """The lookahead the job runs: the configured one, except that without a drafter fixed:K runs
+        as fixed:0 (no drafter, no drafts: the default fixed:4 must run with --drafter none). A K over
+        scheduler.max_lookahead was refused when the config was validated, so this is the only place
+        a user's K is lowered."""
+        spec = self.scheduler.lookahead
+        return LookaheadSpec("fixed", 0) if self.drafter.kind == "none" and spec.kind == "fixed" else spec
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

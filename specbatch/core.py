@@ -148,6 +148,14 @@ class RoundPlan:
     def num_target_rows(self) -> int:
         return sum(size for _, size in self.prefill) + sum(1 + k for _, k in self.decode)
 
+    @staticmethod
+    def draft_start(row: Row, start: int, alongside: bool) -> int:
+        """Where a decode row's draft cache ends before this round's drafting (its tokens from there are
+        fed to the drafter): at `start` (`computed_after_prefill`) for a row prefilled this round whose
+        draft cache the prefill filled `alongside`, else where the row's draft cache ended. The one
+        rule both backends read."""
+        return start if alongside and row.num_computed < start else row.num_draft_computed
+
     def computed_after_prefill(self, row: Row) -> int:
         """Target KV positions `row` holds once this round's prefill pass ran: where its verify
         positions start (a row whose prefill completes verifies in the same round). Read by the

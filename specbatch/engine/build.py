@@ -23,7 +23,7 @@ from specbatch.engine.model_paths import ModelLoadError
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.factory import job_buckets, max_lookahead
+from specbatch.sched.factory import job_buckets
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int, graphs: G
 
 
 def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimits]:
-    k_max = max_lookahead(config)
+    k_max = config.max_lookahead
     context = max_context(config, models)
     slot_len = context + k_max + 1
     num_slots = config.scheduler.max_batch_rows + 1  # + scratch slot for padded batch rows

@@ -47,10 +47,10 @@ class SlotModel:
         that catches a cache up on ragged lags needs no more, and the output layer over every padded
         position cost more than the bundled draft's one decoder layer (`benchmarks/draft_catch_up.py`:
         1.3x at 64 rows 4 tokens behind, 1.4-1.7x where some rows lag by whole prompts)."""
-        query_len, num_bucket_rows = max(len(chunk) for chunk in chunks), len(slots)
-        if self.pad_decode if keep_logits else self.pad_prefill:
-            bucket = self.buckets.fit(num_bucket_rows, query_len)
-            query_len, num_bucket_rows = bucket.query_len, bucket.batch_rows
+        shape = self.buckets.pass_shape(len(slots), max(starts), max(len(chunk) for chunk in chunks),
+                                        sum(len(c) for c in chunks), self.cache.max_len,
+                                        pad=self.pad_decode if keep_logits else self.pad_prefill)
+        query_len, num_bucket_rows, kv_len = shape.query_len, shape.num_bucket_rows, shape.kv_len
         device = self.cache.keys[0].device
         num_pad_rows = num_bucket_rows - len(slots)
         all_slots = slots + self._padding_slots(slots, num_pad_rows)
@@ -59,7 +59,6 @@ class SlotModel:
         padded = [chunk + [0] * (query_len - len(chunk)) for chunk in chunks] + [[0] * query_len] * num_pad_rows
         input_ids = torch.tensor(padded, dtype=torch.long, device=device)
         positions = row_starts[:, None] + torch.arange(query_len, device=device)  # [rows, query_len]
-        kv_len = self.buckets.kv_len(int(positions.max()) + 1, self.cache.max_len)
         self.cache.bind(all_slots, positions, kv_len)
         mask = causal_slot_mask(row_starts, query_len, kv_len, self.mask_dtype)
         ends = [len(chunk) - 1 for chunk in chunks]
@@ -78,7 +77,6 @@ class SlotModel:
         )
         if self.feature_layers:
             self.features = torch.cat([output.hidden_states[i][: len(slots)] for i in self.feature_layers], dim=-1)
-        shape = PassShape(len(slots), num_bucket_rows, query_len, kv_len, sum(len(c) for c in chunks))
         if not keep_logits:
             return None, shape
         logits = output.logits[: len(slots)]

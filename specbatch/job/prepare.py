@@ -59,8 +59,7 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
     manifest.status = "ingesting"
     save_manifest(job_dir, manifest)
     tokenizer = load_tokenizer(config.models)
-    shards = shard_dataset(source.path, job_dir, config, tokenizer, max_prompt_tokens(config),
-                           source.format, source.column_map)
+    shards = shard_dataset(source, job_dir, config, tokenizer, max_prompt_tokens(config))
     manifest.set_shards(shards)
     manifest.status = "ready"
     save_manifest(job_dir, manifest)
@@ -69,7 +68,7 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
 
 def max_prompt_tokens(config: JobConfig) -> int:
     """Longest admissible prompt: room for one new token (and its drafts) in context and KV."""
-    k_max = 0 if config.drafter.kind == "none" else config.scheduler.max_lookahead
+    k_max = config.max_lookahead
     limit = context_limit(config.models) - 1
     if config.capacity.max_context:
         limit = min(limit, config.capacity.max_context - 1)

@@ -381,8 +381,8 @@ def _hf_generate_row(models: Models, prompts: list[BenchPrompt], refs: dict, bat
 
 def _engine_row(name: str, config: JobConfig, mode: str, models: Models, prompts: list[BenchPrompt], refs: dict,
                 job_prompts: int) -> BenchResult:
-    spec = config.scheduler.lookahead
-    k = spec.k if spec.kind == "fixed" and spec.k is not None and config.drafter.kind != "none" else 0
+    spec = config.effective_lookahead
+    k = spec.k if spec.kind == "fixed" and spec.k is not None else 0
     with tempfile.TemporaryDirectory(prefix="specbatch-bench-graphs-") as cache:
         if mode != "eager":  # each row pays a cold capture, as a new job's worker does
             torch._dynamo.reset()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from specbatch.core import PassShape
+
 
 @dataclass(frozen=True)
 class ShapeBucket:
@@ -36,6 +38,18 @@ class ShapeBuckets:
         (largest start + query length): rounded up to the multiple, capped at a slot's length."""
         kv_len = -(-num_positions // self.kv_len_multiple) * self.kv_len_multiple
         return kv_len if max_len is None else min(kv_len, max_len)
+
+    def pass_shape(self, num_rows: int, max_start: int, max_len: int, num_positions: int,
+                   max_kv_len: int | None = None, pad: bool = True) -> PassShape:
+        """The pass `SlotModel.forward` runs over ragged rows (the simulator prices the same): rows and
+        query length padded up to a bucket where `pad`, KV length rounded up to the multiple over every
+        position read (`max_start` the largest row start; padding rows start at 0)."""
+        num_bucket_rows, query_len = num_rows, max_len
+        if pad:
+            bucket = self.fit(num_rows, max_len)
+            num_bucket_rows, query_len = bucket.batch_rows, bucket.query_len
+        return PassShape(num_rows, num_bucket_rows, query_len, self.kv_len(max_start + query_len, max_kv_len),
+                         num_positions)
 
     def num_padded_rows(self, row_lengths: list[int]) -> int:
         """Positions a pass computes beyond Σ row_lengths once padded to its bucket."""

@@ -55,9 +55,10 @@ def make_lookahead(spec: LookaheadSpec | str, max_lookahead: int,
         return AdaptiveLookahead(ctx)
     if spec.kind == "slack":
         return SlackLookahead(ctx)
-    if spec.k is None or spec.k > max_lookahead:
-        raise ValueError(f"lookahead {spec} is over max_lookahead {max_lookahead}")
-    return FixedLookahead(spec.k)
+    k = spec.within(max_lookahead).k
+    if k is None:
+        raise ValueError(f"lookahead {spec} has no K")
+    return FixedLookahead(k)
 
 
 def make_prefill_chunk(spec: PrefillChunkSpec | str, ctx: SchedContext | None = None) -> PrefillChunkPolicy:
@@ -66,19 +67,6 @@ def make_prefill_chunk(spec: PrefillChunkSpec | str, ctx: SchedContext | None = 
     if spec.num_tokens is not None:
         return FixedPrefillChunk(spec.num_tokens)
     return DeadlinePrefillChunk(ctx or SchedContext())
-
-
-def max_lookahead(config: JobConfig) -> int:
-    """No drafter means no drafts, whatever the lookahead policy says."""
-    return 0 if config.drafter.kind == "none" else config.scheduler.max_lookahead
-
-
-def lookahead_spec(config: JobConfig) -> LookaheadSpec:
-    """The config's lookahead, except that without a drafter fixed:K runs as fixed:0 (no drafter,
-    no drafts: the default fixed:4 must run with --drafter none). The config has already rejected
-    a K over scheduler.max_lookahead, so this is the only place a user's K is lowered."""
-    spec = config.scheduler.lookahead
-    return LookaheadSpec("fixed", 0) if config.drafter.kind == "none" and spec.kind == "fixed" else spec
 
 
 def resolve_cost_model(spec: str | None, config: JobConfig | None = None) -> CostModel:
@@ -107,7 +95,7 @@ def job_buckets(config: JobConfig) -> ShapeBuckets:
     verify passes where the job speculates (so that they share the graph of k > 0). `cuda-graphs`
     replays fixed shapes: powers of two up to max_batch_rows and 1 + k for k = 1, 2, 4, ..., max
     lookahead. The drafter pads its batch the same way and runs its steps' exact lengths."""
-    b, graphs, k_max = config.buckets, config.models.graphs, max_lookahead(config)
+    b, graphs, k_max = config.buckets, config.models.graphs, config.max_lookahead
     if b.batch_rows or b.query_len or graphs == "eager":
         return ShapeBuckets(b.batch_rows, b.query_len, b.kv_len_multiple)
     if graphs == "compile":
@@ -122,11 +110,11 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     s = config.scheduler
     # only where the lookahead is decided from it: a measured model makes the schedule depend on the
     # clock, and with fixed k (and the rejection coupling) the schedule is what fixes a seed's text
-    learns = s.learn_cost and lookahead_spec(config).kind == "adaptive" and max_lookahead(config) > 0
+    learns = s.learn_cost and config.effective_lookahead.kind == "adaptive" and config.max_lookahead > 0
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
                                 uses_draft_model=config.drafter.kind in ("draft", "eagle"))
     cost_fit = OnlineCostFit(round_cost.cost, draft_model=round_cost.uses_draft_model) if learns else None
-    return SchedContext(round_cost, max_lookahead=max_lookahead(config), max_batch_rows=s.max_batch_rows,
+    return SchedContext(round_cost, max_lookahead=config.max_lookahead, max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
                         # with a gate, whether anything drafts is measured: the prompts prefilled
                         # before the first decode round fill the draft cache only if it drafts
@@ -137,7 +125,7 @@ def policies(config: JobConfig, ctx: SchedContext | None = None
              ) -> tuple[OrderPolicy, LookaheadPolicy, PrefillChunkPolicy]:
     s = config.scheduler
     ctx = ctx or make_context(config)
-    return (make_order(s.order, ctx), make_lookahead(lookahead_spec(config), max_lookahead(config), ctx),
+    return (make_order(s.order, ctx), make_lookahead(config.effective_lookahead, config.max_lookahead, ctx),
             make_prefill_chunk(s.prefill_chunk, ctx))
 
 
@@ -146,6 +134,6 @@ def make_scheduler(config: JobConfig, kv_capacity_tokens: int, max_context: int,
     """The scheduler of one worker: limits, KV budget, the shared context and the three policies."""
     ctx = make_context(config, cost)
     limits = SchedulerLimits(config.scheduler.max_batch_rows, config.scheduler.max_round_tokens, max_context,
-                             max_lookahead(config), config.capacity.admission)
+                             config.max_lookahead, config.capacity.admission)
     order, lookahead, prefill_chunk = policies(config, ctx)
     return Scheduler(limits, KVBudget(kv_capacity_tokens), order, lookahead, prefill_chunk, context=ctx)

@@ -121,7 +121,7 @@ class SimBackend:
         num_rows = num_fed = max_fed = max_k = further = 0
         for index, ((row, k), start) in enumerate(zip(decode, starts, strict=True)):
             if k > 0:
-                draft_start = start if alongside and row.num_computed < start else row.num_draft_computed
+                draft_start = RoundPlan.draft_start(row, start, alongside)
                 fed = len(row.prompt_ids) + len(row.output_ids) - draft_start
                 num_rows, num_fed, further = num_rows + 1, num_fed + fed, further + k - 1
                 if fed > max_fed:
@@ -163,11 +163,7 @@ class SimBackend:
         return outcomes, self._pass_shape(len(decode), max_start, max_len, num_positions)
 
     def _pass_shape(self, num_rows: int, max_start: int, max_len: int, num_positions: int) -> PassShape:
-        """The pass `SlotModel.forward` would run: bucketed rows and query length, KV length rounded up
-        to the bucket multiple over every position read (padding rows start at 0)."""
-        bucket = self.buckets.fit(num_rows, max_len)
-        kv_len = self.buckets.kv_len(max_start + bucket.query_len, self.max_kv_len)
-        return PassShape(num_rows, bucket.batch_rows, bucket.query_len, kv_len, num_positions)
+        return self.buckets.pass_shape(num_rows, max_start, max_len, num_positions, self.max_kv_len)
 
     def _split_ms(self, outcome: RoundOutcome) -> tuple[float, float, float, float]:
         """(prefill, draft prefill, draft, verify) ms, booked as the real backend times them: the draft

@@ -20,7 +20,7 @@ from specbatch.core import Row
 from specbatch.ledger import PartWriter
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.costmodel import CostModel
-from specbatch.sched.factory import job_buckets, max_lookahead
+from specbatch.sched.factory import job_buckets
 from specbatch.sim.acceptance import AcceptanceModel
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
 
@@ -78,7 +78,7 @@ def build_sim_engine(
     is set: `SimBackend`); `scheduler_cost` is what the scheduler and its policies believe, by
     default the config's, exactly as the real engine's scheduler is built."""
     context = sim_max_context(config)
-    slot_len = context + max_lookahead(config) + 1
+    slot_len = context + config.max_lookahead + 1
     buckets = job_buckets(config)
     clock = VirtualClock()
     backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed,
