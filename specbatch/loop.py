@@ -17,8 +17,8 @@ from typing import Protocol
 from specbatch.config import JobConfig
 from specbatch.core import Backend, RoundOutcome, RoundPlan, Row, Status
 from specbatch.isolation import MAX_FAILED_IN_A_ROW, failure_message, is_request_fault, plan_rows, split_plan
-from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord
-from specbatch.sched.commit import RoundCommit, commit_round
+from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord, ms_since
+from specbatch.sched.commit import commit_round
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import make_scheduler
 from specbatch.sched.scheduler import Scheduler
@@ -125,19 +125,16 @@ class Engine:
         emitted_s = self.clock()
         commit = commit_round(self.scheduler, self.stops, plan, outcome, emitted_s)
         for row_outcome, committed in commit.verified:
-            row = row_outcome.row
-            self.recorder.add_step(StepRecord(
-                request_id=row.request_id, worker_id=self.worker_id, round_index=self.num_rounds,
-                emitted_s=emitted_s, k=row_outcome.k, num_proposed=len(row_outcome.proposed),
-                num_accepted=row_outcome.num_accepted, num_committed=committed,
-                num_output_tokens=row.num_output_tokens,
-            ))
+            self.recorder.add_step(StepRecord.of(row_outcome, committed, self.worker_id, self.num_rounds, emitted_s))
         for row in commit.finished:
             self.backend.release(row, finished=True)
             self.record_finished(row)
-        commit_ms = (time.perf_counter() - commit_started) * 1000
+        commit_ms = ms_since(commit_started)
         round_ms = (self.clock() - started_s) * 1000  # the engine's clock: wall time, or virtual in the simulator
-        record = self._round_record(plan, outcome, commit, started_s, commit_ms, round_ms)
+        kv = self.scheduler.kv
+        record = RoundRecord.of(plan, outcome, commit.num_committed, worker_id=self.worker_id,
+                                round_index=self.num_rounds, started_s=started_s, kv_tokens_in_use=kv.num_used,
+                                kv_tokens_capacity=kv.capacity_tokens, commit_ms=commit_ms, round_ms=round_ms)
         self.recorder.add_round(record)
         self.scheduler.observe_round(record, outcome.num_draft_prefill_rows, outcome.draft_prefill_ms)
         self.num_rounds += 1
@@ -178,52 +175,9 @@ class Engine:
         """Request + result records of a row that is done (completed, dropped or cancelled)."""
         self.stops.forget(row)
         finished_s = row.finished_s if row.finished_s is not None else self.clock()
-        self.recorder.add_request(RequestRecord(
-            request_id=row.request_id, worker_id=self.worker_id, domain=row.domain, status=row.status.value,
-            finish_reason=row.finish_reason, drop_reason=row.drop_reason,
-            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens,
-            max_new_tokens=row.params.max_new_tokens, temperature=row.params.temperature,
-            arrival_s=row.arrival_s, admitted_s=row.admitted_s, first_token_s=row.first_token_s,
-            finished_s=finished_s, num_rounds=row.num_rounds, num_target_rows=row.num_target_rows,
-            num_draft_rows=row.num_draft_rows, num_proposed=row.num_proposed, num_accepted=row.num_accepted,
-            num_preemptions=row.num_preemptions,
-        ))
-        self.recorder.add_result(ResultRecord(
-            request_id=row.request_id, status=row.status.value,
-            text=self.stops.text(row) if row.status is not Status.DROPPED else None,
-            output_token_ids=list(row.output_ids), finish_reason=row.finish_reason,
-            drop_reason=row.drop_reason, drop_message=row.drop_message,
-            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain,
-            metadata=row.metadata,
-        ))
-
-    def _round_record(self, plan: RoundPlan, outcome: RoundOutcome, commit: RoundCommit, started_s: float,
-                      commit_ms: float, round_ms: float) -> RoundRecord:
-        verify, prefill, proposals = outcome.verify_shape, outcome.prefill_shape, outcome.proposals
-        num_proposed = sum(len(r.proposed) for r in outcome.rows)
-        num_prefill_tokens = sum(size for _, size in plan.prefill)
-        num_real_verify = verify.num_real_positions if verify else 0
-        padded = (verify.num_padded_positions if verify else 0) + (prefill.num_padded_positions if prefill else 0)
-        num_draft_rows = (proposals.num_draft_rows if proposals else 0) + outcome.num_draft_prefill_rows
-        kv_read = (verify.num_kv_tokens_read if verify else 0) + (prefill.num_kv_tokens_read if prefill else 0)
-        rows = {id(row) for row, _ in plan.decode} | {id(row) for row, _ in plan.prefill}
-        return RoundRecord(
-            worker_id=self.worker_id, round_index=self.num_rounds, started_s=started_s,
-            num_batch_rows=len(rows), num_bucket_rows=verify.num_bucket_rows if verify else 0,
-            num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
-            num_prefill_tokens=num_prefill_tokens, num_target_rows=num_real_verify + num_prefill_tokens,
-            num_padded_target_rows=padded, num_draft_rows=num_draft_rows,
-            num_padded_draft_rows=proposals.num_padded_draft_rows if proposals else 0,
-            num_target_passes=int(verify is not None) + int(prefill is not None),
-            num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
-            num_proposed=num_proposed, num_accepted=sum(r.num_accepted for r in outcome.rows),
-            num_committed=commit.num_committed, num_speculating_rows=sum(1 for r in outcome.rows if r.proposed),
-            max_k=max((r.k for r in outcome.rows), default=0), query_len=verify.query_len if verify else 0,
-            kv_len=verify.kv_len if verify else 0, num_kv_tokens_read=kv_read,
-            kv_tokens_in_use=self.scheduler.kv.num_used, kv_tokens_capacity=self.scheduler.kv.capacity_tokens,
-            plan_ms=plan.plan_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
-            verify_ms=outcome.verify_ms, commit_ms=commit_ms, warmup_ms=outcome.warmup_ms, round_ms=round_ms,
-        )
+        self.recorder.add_request(RequestRecord.of(row, self.worker_id, finished_s))
+        text = self.stops.text(row) if row.status is not Status.DROPPED else None
+        self.recorder.add_result(ResultRecord.of(row, text))
 
 
 def build_engine(

@@ -7,11 +7,21 @@ schema is derived from its record (`arrow_schema`), so changing a field changes 
 
 from __future__ import annotations
 
+import time
 import types
 from dataclasses import dataclass, field, fields
-from typing import Any, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from specbatch.core import RoundOutcome, RoundPlan, Row, RowOutcome
+
+
+def ms_since(started: float) -> float:
+    """Milliseconds since `started`, a `time.perf_counter()` reading: the one timer of plans, commits
+    and passes."""
+    return (time.perf_counter() - started) * 1000
 
 
 @dataclass
@@ -48,6 +58,37 @@ class RoundRecord:
     warmup_ms: float  # graph capture before the round's passes (engine/graphs.py); part of round_ms
     round_ms: float
 
+    @classmethod
+    def of(cls, plan: RoundPlan, outcome: RoundOutcome, num_committed: int, *, worker_id: int, round_index: int,
+           started_s: float, kv_tokens_in_use: int, kv_tokens_capacity: int, commit_ms: float,
+           round_ms: float) -> RoundRecord:
+        """The record of a round that ran `plan` to `outcome` and committed `num_committed` tokens."""
+        verify, prefill, proposals = outcome.verify_shape, outcome.prefill_shape, outcome.proposals
+        num_prefill_tokens = sum(size for _, size in plan.prefill)
+        num_real_verify = verify.num_real_positions if verify else 0
+        padded = (verify.num_padded_positions if verify else 0) + (prefill.num_padded_positions if prefill else 0)
+        num_draft_rows = (proposals.num_draft_rows if proposals else 0) + outcome.num_draft_prefill_rows
+        kv_read = (verify.num_kv_tokens_read if verify else 0) + (prefill.num_kv_tokens_read if prefill else 0)
+        rows = {id(row) for row, _ in plan.decode} | {id(row) for row, _ in plan.prefill}
+        return cls(
+            worker_id=worker_id, round_index=round_index, started_s=started_s,
+            num_batch_rows=len(rows), num_bucket_rows=verify.num_bucket_rows if verify else 0,
+            num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
+            num_prefill_tokens=num_prefill_tokens, num_target_rows=num_real_verify + num_prefill_tokens,
+            num_padded_target_rows=padded, num_draft_rows=num_draft_rows,
+            num_padded_draft_rows=proposals.num_padded_draft_rows if proposals else 0,
+            num_target_passes=int(verify is not None) + int(prefill is not None),
+            num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
+            num_proposed=sum(len(r.proposed) for r in outcome.rows),
+            num_accepted=sum(r.num_accepted for r in outcome.rows),
+            num_committed=num_committed, num_speculating_rows=sum(1 for r in outcome.rows if r.proposed),
+            max_k=max((r.k for r in outcome.rows), default=0), query_len=verify.query_len if verify else 0,
+            kv_len=verify.kv_len if verify else 0, num_kv_tokens_read=kv_read,
+            kv_tokens_in_use=kv_tokens_in_use, kv_tokens_capacity=kv_tokens_capacity,
+            plan_ms=plan.plan_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
+            verify_ms=outcome.verify_ms, commit_ms=commit_ms, warmup_ms=outcome.warmup_ms, round_ms=round_ms,
+        )
+
 
 @dataclass
 class StepRecord:
@@ -62,6 +103,14 @@ class StepRecord:
     num_accepted: int
     num_committed: int
     num_output_tokens: int  # output length after this step
+
+    @classmethod
+    def of(cls, outcome: RowOutcome, num_committed: int, worker_id: int, round_index: int,
+           emitted_s: float) -> StepRecord:
+        row = outcome.row
+        return cls(request_id=row.request_id, worker_id=worker_id, round_index=round_index, emitted_s=emitted_s,
+                   k=outcome.k, num_proposed=len(outcome.proposed), num_accepted=outcome.num_accepted,
+                   num_committed=num_committed, num_output_tokens=row.num_output_tokens)
 
 
 @dataclass
@@ -87,6 +136,20 @@ class RequestRecord:
     num_accepted: int
     num_preemptions: int
 
+    @classmethod
+    def of(cls, row: Row, worker_id: int, finished_s: float) -> RequestRecord:
+        """The accounting of a row that is done (completed, dropped or cancelled)."""
+        return cls(
+            request_id=row.request_id, worker_id=worker_id, domain=row.domain, status=row.status.value,
+            finish_reason=row.finish_reason, drop_reason=row.drop_reason,
+            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens,
+            max_new_tokens=row.params.max_new_tokens, temperature=row.params.temperature,
+            arrival_s=row.arrival_s, admitted_s=row.admitted_s, first_token_s=row.first_token_s,
+            finished_s=finished_s, num_rounds=row.num_rounds, num_target_rows=row.num_target_rows,
+            num_draft_rows=row.num_draft_rows, num_proposed=row.num_proposed, num_accepted=row.num_accepted,
+            num_preemptions=row.num_preemptions,
+        )
+
 
 @dataclass
 class ResultRecord:
@@ -101,6 +164,16 @@ class ResultRecord:
     num_output_tokens: int = 0
     domain: str = ""
     metadata: str | None = None  # JSON of the input record's unknown fields
+
+    @classmethod
+    def of(cls, row: Row, text: str | None) -> ResultRecord:
+        """The result of a row that is done; `text` its decoded output (None for a dropped row)."""
+        return cls(
+            request_id=row.request_id, status=row.status.value, text=text, output_token_ids=list(row.output_ids),
+            finish_reason=row.finish_reason, drop_reason=row.drop_reason, drop_message=row.drop_message,
+            num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain,
+            metadata=row.metadata,
+        )
 
 
 _ARROW_TYPES: dict[Any, pa.DataType] = {

@@ -16,6 +16,7 @@ from specbatch.engine.drafters import Drafter
 from specbatch.engine.forward import SlotModel
 from specbatch.engine.sampling import accept_greedy
 from specbatch.engine.slot_cache import SlotCache
+from specbatch.records import ms_since
 
 
 class HFBackend:
@@ -57,7 +58,7 @@ class HFBackend:
             started = time.perf_counter()
             self._warm_up()  # before any pass: no row has KV yet for it to overwrite
             self._warm_up = None
-            outcome.warmup_ms = (time.perf_counter() - started) * 1000
+            outcome.warmup_ms = ms_since(started)
         self._arrange_slots([row for row, _ in plan.decode])
         if plan.prefill:
             started = time.perf_counter()
@@ -72,21 +73,20 @@ class HFBackend:
                 draft_started = time.perf_counter()
                 outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
                 self._sync()
-                outcome.draft_prefill_ms = (time.perf_counter() - draft_started) * 1000
+                outcome.draft_prefill_ms = ms_since(draft_started)
             self._sync()
-            outcome.prefill_ms = (time.perf_counter() - started) * 1000
+            outcome.prefill_ms = ms_since(started)
         if plan.decode:
             decode = sorted(plan.decode, key=lambda item: self.slot_of[item[0].request_id])  # slots 0..D-1: a view
             rows, ks = [row for row, _ in decode], [k for _, k in decode]
             slots, starts = self._slots(rows), [plan.computed_after_prefill(row) for row in rows]
             alongside = outcome.num_draft_prefill_rows > 0  # this round's prefill filled the draft cache too
-            draft_starts = [start if alongside and row.num_computed < start else row.num_draft_computed
-                            for row, start in zip(rows, starts, strict=True)]
+            draft_starts = [plan.draft_start(row, start, alongside) for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
             drafted_ks = [plan.drafted_k(row, k) for row, k in zip(rows, ks, strict=True)]
             proposals = outcome.proposals = self.drafter.propose(rows, drafted_ks, slots, draft_starts, self.coupling)
             self._sync()
-            outcome.draft_ms = (time.perf_counter() - started) * 1000
+            outcome.draft_ms = ms_since(started)
             if plan.probe is not None:
                 proposals.withdraw(next(i for i, row in enumerate(rows) if row is plan.probe))
             started = time.perf_counter()
@@ -95,7 +95,7 @@ class HFBackend:
             assert logits is not None
             self._observe(rows, starts, [len(chunk) for chunk in chunks])
             outcome.rows = self._accept(rows, ks, logits[..., : self.vocab_size], proposals)
-            outcome.verify_ms = (time.perf_counter() - started) * 1000
+            outcome.verify_ms = ms_since(started)
         return outcome
 
     def _slots(self, rows: list[Row]) -> list[int]:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from specbatch.core import RoundPlan, Row, Status
-from specbatch.records import RoundRecord
+from specbatch.records import RoundRecord, ms_since
 from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import AcceptanceStats
@@ -187,7 +187,7 @@ class Scheduler:
         self.ctx.observe_plan(plan, len(self.running))
         self.draft.observe_plan(plan, self.ctx.round_cost)
         plan.draft_prefill = bool(plan.prefill) and (self.draft.drafting or self._drafts_when_current(plan))
-        plan.plan_ms = (time.perf_counter() - started) * 1000
+        plan.plan_ms = ms_since(started)
         return plan, admission
 
     def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:
