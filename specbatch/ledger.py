@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from specbatch.fences import fenced, latest_fence
 from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord, arrow_schema
 from specbatch.storage import TMP_SUFFIX, Location, Storage, open_storage
 
@@ -85,6 +86,7 @@ class PartWriter:
         every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         durable: bool = True,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         if not run_id or "/" in run_id or run_id.endswith(TMP_SUFFIX):
             raise ValueError(f"bad run_id {run_id!r}")
@@ -95,6 +97,7 @@ class PartWriter:
         self.every_s = every_s
         self._clock = clock
         self.durable = durable
+        self.before_commit = before_commit  # raises if this writer may no longer commit (a lost lease)
         self._buffers: dict[str, list[Any]] = {table: [] for table in TABLES}
         self._last_flush = clock()
         self._seq = self._next_seq()
@@ -137,6 +140,8 @@ class PartWriter:
         name = part_name(self.worker_id, self.run_id, self._seq)
         tables = {table: to_table(self._buffers[table], SCHEMAS[table]) for table in TABLES}
         for table in TABLES:  # results last; each written whole (and synced) before the next
+            if table == "results" and self.before_commit is not None:
+                self.before_commit()
             self.storage.write_parquet(part_key(table, name), tables[table], self.durable)
         log.debug("committed part %s (%s)", name, {t: tables[t].num_rows for t in TABLES})
         self._seq += 1
@@ -150,9 +155,11 @@ def _storage(job_dir: Location | Storage) -> Storage:
 
 
 def committed_parts(job_dir: Location | Storage) -> list[str]:
-    """Part names whose results file exists (the commit point), in `part_order`."""
-    names = (name[: -len(PART_SUFFIX)] for name in _storage(job_dir).names("results", PART_SUFFIX))
-    return sorted(names, key=part_order)
+    """Part names whose results file exists (the commit point), in `part_order`; on an object store
+    only those the newest fence lets count (`specbatch.fences`: not a stale lease holder's)."""
+    storage = _storage(job_dir)
+    names = [name[: -len(PART_SUFFIX)] for name in storage.names("results", PART_SUFFIX)]
+    return sorted(fenced(names, latest_fence(storage)), key=part_order)
 
 
 def committed_request_ids(job_dir: Location | Storage, statuses: Iterable[str] | None = None) -> set[str]:

@@ -9,9 +9,17 @@
 -- ledger's commit point), so files of a part killed mid-flush are ignored even before a resume
 -- removes them. Each job needs at least one committed part (the ledger writes all four tables per
 -- part, empty ones included); `specbatch report` checks this before it runs the views.
+--
+--   SET VARIABLE ledger_parts = ['outputs/J/{table}/part-w00-R-00000.parquet', ...];  -- optional
+--
+-- `specbatch report` sets ledger_parts to the parts the ledger counts (`ledger.committed_parts`): on
+-- an object store not a stale lease holder's fenced-out parts, and never a damaged file. Without it,
+-- every part whose results file exists counts.
 
 CREATE OR REPLACE MACRO ledger_globs(tbl) AS
-    [rtrim(trim(d), '/') || '/' || tbl || '/*.parquet' FOR d IN string_split(getvariable('job_dir'), ',')];
+    CASE WHEN getvariable('ledger_parts') IS NULL
+         THEN [rtrim(trim(d), '/') || '/' || tbl || '/*.parquet' FOR d IN string_split(getvariable('job_dir'), ',')]
+         ELSE [replace(p, '{table}', tbl) FOR p IN getvariable('ledger_parts')] END;
 
 CREATE OR REPLACE MACRO ledger_table(tbl) AS TABLE
     SELECT

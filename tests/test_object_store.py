@@ -5,6 +5,7 @@ through the CLI, `status` and `report` over `s3://`, and a second submit of a ru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -20,8 +21,10 @@ from job_helpers import write_config, write_jsonl
 from test_ledger import _request, _result, _round
 
 from specbatch import ledger
+from specbatch.fences import epoch_run_id
+from specbatch.job.finalize import export_results_jsonl
 from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
-from specbatch.job.lock import JobRunningError, check_not_running, job_lock
+from specbatch.job.lock import LEASE_FOLDER, JobRunningError, LeaseLostError, check_epoch, check_not_running, job_lock
 from specbatch.lab.services import make_bucket, s3_server
 from specbatch.storage import ObjectStorage, open_storage
 
@@ -192,3 +195,88 @@ def test_unusable_object_store_jobs_exit_2_before_any_work(bucket, tiny_pair, tm
                      f"{bucket}/jobs", "--set", "workers.placement=pool", cwd=tmp_path)
     assert no_server.returncode == 2 and "PREFECT_API_URL" in no_server.stderr, no_server.stderr
     assert not S3FileSystem().exists(f"{bucket}/jobs/ns/manifest.json")  # refused before ingest
+
+
+def _expire(storage, folder: str = LEASE_FOLDER) -> None:
+    """As if the holder of the newest lease in `folder` stalled past its expiry (no renewal came in time)."""
+    number, _ = Lease(storage, folder, ttl_s=0).newest()
+    body = {"pid": 1, "host": "stalled", "released": False, "expires_at": 0}
+    storage.write_bytes(f"{folder}/{number:08d}.json", json.dumps(body).encode())
+
+
+def _readers_see(job_dir: str) -> list[list[str]]:
+    """The request ids each reader sees: committed ids, read_table, results.jsonl, the SQL view."""
+    from specbatch.report import connect
+
+    exported = open_storage(export_results_jsonl(job_dir).rsplit("/", 1)[0]).read_text("results.jsonl")
+    return [sorted(ledger.committed_request_ids(job_dir)),
+            sorted(ledger.read_table(job_dir, "results").column("request_id").to_pylist()),
+            sorted(json.loads(line)["request_id"] for line in exported.splitlines()),
+            sorted(row[0] for row in connect([job_dir]).execute("SELECT request_id FROM results").fetchall())]
+
+
+def test_a_stalled_lease_holder_never_makes_a_part_visible_after_a_takeover(bucket):
+    job_dir = f"{bucket}/jobs/stalled"
+    storage = open_storage(job_dir)
+    with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_a:
+        writer_a = ledger.PartWriter(job_dir, 0, epoch_run_id(epoch_a, "ra"),
+                                     before_commit=lambda: check_epoch(job_dir, epoch_a))
+        writer_a.add_result(_result("r1"))
+        first = writer_a.flush()  # committed before the stall
+        _expire(storage)
+        with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_b:  # a second submit takes the job over
+            assert epoch_b == epoch_a + 1 and ledger.committed_parts(job_dir) == [first]
+            writer_a.add_result(_result("r2"))  # the holder wakes up with a part to commit
+            with pytest.raises(LeaseLostError, match="taken over"):
+                writer_a.flush()
+            assert ledger.committed_request_ids(job_dir) == {"r1"}
+            writer_a.before_commit = None  # a part that checked before the takeover and uploaded after it
+            late = writer_a.flush()
+            assert storage.exists(f"results/{late}.parquet") and late not in ledger.committed_parts(job_dir)
+            writer_b = ledger.PartWriter(job_dir, 0, epoch_run_id(epoch_b, "rb"))
+            writer_b.add_result(_result("r2"))  # the new holder re-runs what was not committed at its fence
+            writer_b.flush()
+            assert _readers_see(job_dir) == [["r1", "r2"]] * 4
+            assert f"results/{late}.parquet" in ledger.remove_orphan_parts(job_dir, worker_id=0)
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["checked", "raced"])
+def test_stalled_worker_commits_nothing_twice(bucket, tiny_pair, tmp_path, monkeypatch, race):
+    """A holder stalls after its first part; a second submit takes the job over and its worker runs to
+    the end; then the first wakes up. It stops at its next commit check, or, racing past the check, its
+    later parts are fenced out: every reader sees each request once."""
+    from specbatch.config import load_config
+    from specbatch.engine.build import load_models
+    from specbatch.job import worker
+    from specbatch.job.prepare import prepare
+
+    target, draft, _ = tiny_pair
+    records = [{"id": f"r{i:02d}", "prompt": PROMPTS[i % 4], "max_new_tokens": 4} for i in range(10)]
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", records)
+    config = load_config(None, [f"models.target={target}", f"models.draft={draft}", "drafter.kind=draft",
+                                "io.part_every_requests=2", "scheduler.max_batch_rows=2", "workers.lease_s=600"])
+    job_dir = f"{bucket}/jobs/stalled-worker"
+    prepare(str(dataset), job_dir, config)
+    storage, takeovers = open_storage(job_dir), []
+    check_epoch_as_written = worker.check_epoch
+
+    def stall_then_take_over(progress: object) -> None:
+        if takeovers or not ledger.committed_parts(storage):
+            return
+        takeovers.append(True)
+        _expire(storage)  # both of the stalled holder's leases run out
+        _expire(storage, ".worker-00-lease")
+        with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_b, monkeypatch.context() as patch:
+            patch.setattr(worker, "check_epoch", check_epoch_as_written)
+            worker.run_worker(job_dir, config, run_id=epoch_run_id(epoch_b, "b"), models=load_models(config))
+
+    with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_a:
+        run_a = functools.partial(worker.run_worker, job_dir, config, run_id=epoch_run_id(epoch_a, "a"),
+                                  models=load_models(config), on_round=stall_then_take_over)
+        if race:  # every check of the stalled holder passes, as if each ran just before the takeover
+            monkeypatch.setattr(worker, "check_epoch", lambda *_: None)
+            run_a()
+        else:
+            with pytest.raises(LeaseLostError):
+                run_a()
+    assert takeovers and _readers_see(job_dir) == [[f"r{i:02d}" for i in range(10)]] * 4

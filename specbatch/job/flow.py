@@ -39,10 +39,11 @@ from prefect.states import Cancelled, Failed, State
 from specbatch.config import ConfigError, JobConfig, load_config
 from specbatch.data.ingest import DatasetError
 from specbatch.engine.model_paths import ModelLoadError
+from specbatch.fences import epoch_run_id
 from specbatch.job.finalize import DONE_STATUSES, JobSummary, finalize
 from specbatch.job.inputs import JobError, check_inputs, check_job_id, default_job_id
 from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, stop_on_signals
-from specbatch.job.lock import job_lock
+from specbatch.job.lock import LeaseLostError, check_epoch, job_lock
 from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prefect_local import TEMPORARY_SERVER_ENV
 from specbatch.job.prepare import prepare
@@ -98,10 +99,15 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
 
 @task(name="run-workers", cache_policy=NO_CACHE, retries=WORKER_RETRIES,
       retry_delay_seconds=WORKER_RETRY_DELAYS_S, retry_condition_fn=_not_unusable)
-def run_workers(job_dir: str) -> dict | State:
+def run_workers(job_dir: str, epoch: int = 0) -> dict | State:
     """Run the worker group (in-process, `workers.num_processes` processes, or `workers.slots` flow runs
-    on a work pool) until the job is done."""
+    on a work pool) until the job is done. `epoch`: the job lease's number on an object store (its
+    parts carry it; a lost lease ends the task `UnusableInput`, without a retry)."""
     path = job_dir if is_url(job_dir) else Path(job_dir)
+    try:
+        check_epoch(job_dir, epoch)
+    except LeaseLostError as error:
+        return Failed(name=UNUSABLE_INPUT, message=str(error))
     config = JobConfig.model_validate(load_manifest(path).config)
     local = _local_hooks.get() is not None
     hooks = _local_hooks.get() or LocalHooks()
@@ -109,18 +115,22 @@ def run_workers(job_dir: str) -> dict | State:
     retired = retire_cancelled_results(path)  # a stopped or crashed attempt's cancelled rows run again
     if retired:
         _logger().info("%d cancelled requests will run again", retired)
-    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}"
+    run_id = epoch_run_id(epoch, f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}")
     if hooks.on_start is not None:
         hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path, DONE_STATUSES)))
     try:
         with stop_on_signals(hooks.stop_requested) if local else nullcontext():
             if config.workers.placement == "pool":
-                result = _run_pool(job_dir, config, hooks)
+                result = _run_pool(job_dir, config, hooks, epoch)
             else:
-                result = _run_local(path, config, run_id, hooks)
+                result = _run_local(path, config, run_id, hooks, epoch)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     except Exception as error:
+        try:
+            check_epoch(job_dir, epoch)  # a worker that found its lease lost: no retry
+        except LeaseLostError as lost:
+            return Failed(name=UNUSABLE_INPUT, message=str(lost))
         if hooks.on_notice is not None and attempt <= WORKER_RETRIES:
             first_line = str(error).splitlines()[0] if str(error) else repr(error)
             hooks.on_notice(f"attempt {attempt} of the worker group failed ({first_line}); retrying, "
@@ -134,12 +144,12 @@ def run_workers(job_dir: str) -> dict | State:
             "run_id": run_id, **asdict(result.progress)}
 
 
-def _run_pool(job_dir: str, config: JobConfig, hooks: LocalHooks) -> LaunchResult:
+def _run_pool(job_dir: str, config: JobConfig, hooks: LocalHooks, epoch: int) -> LaunchResult:
     from specbatch.job.pool import run_pool_workers
 
     context = FlowRunContext.get()
     parent_key = str(context.flow_run.id) if context is not None and context.flow_run is not None else "local"
-    pool = run_pool_workers(job_dir, config, parent_key, hooks.stop_requested, hooks.on_round)
+    pool = run_pool_workers(job_dir, config, parent_key, hooks.stop_requested, hooks.on_round, epoch)
     return LaunchResult("pool", pool.num_slots, pool.stopped, pool.progress, None)
 
 
@@ -155,7 +165,7 @@ def check_placement(config: JobConfig, job_dir: str) -> None:
                        "poll: set PREFECT_API_URL (see docs/deployment.md)")
 
 
-def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: LocalHooks) -> LaunchResult:
+def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: LocalHooks, epoch: int = 0) -> LaunchResult:
     """The worker group on this machine. On an object store the flow marks the shards (workers never
     write a manifest there)."""
     num = config.workers.num_processes
@@ -168,13 +178,16 @@ def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: Local
     else:
         result = launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
     if is_url(job_dir) and not result.stopped:
+        check_epoch(job_dir, epoch)
         mark_group_shards(job_dir, num, "done")
     return result
 
 
 @task(name="finalize", cache_policy=NO_CACHE)
-def finalize_job(job_dir: str, workers: dict | None = None) -> dict:
-    """Export results, record the job's status, and publish a markdown summary artifact."""
+def finalize_job(job_dir: str, workers: dict | None = None, epoch: int = 0) -> dict:
+    """Export results, record the job's status, and publish a markdown summary artifact (not after the
+    job's lease was lost: the new holder finalizes)."""
+    check_epoch(job_dir, epoch)
     summary = finalize(job_dir)
     outcome = {**(workers or {}), **summary_to_dict(summary)}  # the job's counts win over this run's
     if TaskRunContext.get() is not None:  # not when `.fn()` is called outside a run
@@ -206,26 +219,28 @@ def specbatch_job(
         return _unusable(str(error))
     logger.info("job directory %s", job_dir if is_url(job_dir) else Path(job_dir).resolve())
     try:
-        with job_lock(job_dir, lease_s=job_config.workers.lease_s):  # held through ingest and finalize
-            return _run_job(dataset, job_dir, job_config, force, dataset_format, column_map)
+        with job_lock(job_dir, lease_s=job_config.workers.lease_s) as epoch:  # held through ingest and finalize
+            return _run_job(dataset, job_dir, job_config, force, dataset_format, column_map, epoch)
     except JobError as error:  # running elsewhere, or its lease cannot be written
         return _unusable(str(error))
 
 
 def _run_job(dataset: str, job_dir: str, job_config: JobConfig, force: bool, dataset_format: str | None,
-             column_map: dict[str, str] | None) -> dict | State:
+             column_map: dict[str, str] | None, epoch: int = 0) -> dict | State:
     prepared = ingest_and_shard(dataset, job_dir, job_config.model_dump(mode="json"), force,
                                 dataset_format, column_map, return_state=True)
     if prepared.name == UNUSABLE_INPUT:
         return _unusable(prepared.message or "unusable input")
     try:
         prepared.result()
-        workers = run_workers(job_dir, return_state=True)
+        workers = run_workers(job_dir, epoch, return_state=True)
         if workers.name == UNUSABLE_INPUT:
             return _unusable(workers.message or "unusable input")
         launched = workers.result()  # raises if the worker group failed for good
         assert isinstance(launched, dict), "only an UnusableInput run returns a state"
-        outcome = finalize_job(job_dir, launched)
+        outcome = finalize_job(job_dir, launched, epoch)
+    except LeaseLostError as error:
+        return _unusable(str(error))
     except Exception:
         _write_error_log(job_dir)
         raise

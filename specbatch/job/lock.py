@@ -9,7 +9,9 @@ holder never take it (they hold their own `worker_lock`), and the file descripto
 
 A job on an object store has no `flock`: there the lock is a lease with expiry (`specbatch.job.lease`,
 folder `.job-lease/`), renewed while the runner lives; a killed runner's lease is taken over once it
-expires (`workers.lease_s` after its last renewal).
+expires (`workers.lease_s` after its last renewal). The lease's number is the runner's *epoch*: it
+writes a fence as it takes the lease, its workers name their parts by it and check it before each
+commit (`check_epoch`), and parts of a superseded epoch never count (`specbatch.fences`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from specbatch.fences import write_fence
 from specbatch.job.inputs import JobError
-from specbatch.job.lease import LeaseHeldError, check_lease, hold_lease
+from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
+from specbatch.ledger import committed_parts
 from specbatch.storage import Location, is_url, location_name, open_storage
 
 LOCK_NAME = ".job.lock"
@@ -36,20 +40,30 @@ class JobRunningError(JobError):
     """Another process holds the job's lock; exit code 2, nothing was touched."""
 
 
+class LeaseLostError(JobError):
+    """This runner's lease on an object-store job was taken over (it stalled past its expiry); it must
+    not commit anything more: the new holder owns the job."""
+
+
 @contextmanager
-def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -> Iterator[None]:
+def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -> Iterator[int]:
     """Hold JOB_DIR/.job.lock (a job on an object store: its lease) for the whole run, or raise
-    `JobRunningError` within `wait_s`."""
+    `JobRunningError` within `wait_s`. Yields the holder's epoch: the lease number on an object
+    store (after writing its fence), 0 on a local disk (the kernel's lock needs no fencing)."""
     if is_url(job_dir):
-        lease = ExitStack()
+        stack = ExitStack()
         try:
-            lease.enter_context(hold_lease(open_storage(job_dir), LEASE_FOLDER, lease_s, wait_s))
+            storage = open_storage(job_dir)
+            lease: Lease = stack.enter_context(hold_lease(storage, LEASE_FOLDER, lease_s, wait_s))
+            write_fence(storage, lease.number, committed_parts(storage))
         except LeaseHeldError as error:
+            stack.close()
             raise _running(location_name(job_dir), error) from None
         except Exception as error:  # no such bucket, no credentials, endpoint unreachable
+            stack.close()
             raise JobError(f"cannot take the lease of job {location_name(job_dir)} at {job_dir}: {error}") from error
-        with lease:
-            yield
+        with stack:
+            yield lease.number
         return
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -58,9 +72,21 @@ def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -
         _lock_or_raise(fd, job_dir, time.monotonic() + wait_s)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
-        yield
+        yield 0
     finally:
         os.close(fd)  # releases the lock
+
+
+def check_epoch(job_dir: Location, epoch: int) -> None:
+    """Raise `LeaseLostError` unless `epoch` is still the newest lease of the job (0: nothing to check).
+    Called right before each commit; a part that loses the race with a takeover anyway is fenced out."""
+    if not epoch or not is_url(job_dir):
+        return
+    newest, holder = Lease(open_storage(job_dir), LEASE_FOLDER, ttl_s=0).newest()
+    if newest != epoch:
+        raise LeaseLostError(f"job {location_name(job_dir)} was taken over by pid {(holder or {}).get('pid', '?')} "
+                             f"on {(holder or {}).get('host', '?')} (lease {newest}) while this run (lease {epoch}) "
+                             "stalled; this run stops without committing more, the other run owns the job now")
 
 
 def check_not_running(job_dir: Location) -> None:

@@ -32,8 +32,10 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 
 from specbatch.config import JobConfig
+from specbatch.fences import epoch_run_id
 from specbatch.job.inputs import JobError
 from specbatch.job.launch import LedgerWatcher, WorkerGroupError
+from specbatch.job.lock import check_epoch
 from specbatch.job.manifest import load_manifest
 from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
 from specbatch.storage import location_name
@@ -95,10 +97,12 @@ def run_pool_workers(
     parent_key: str,
     stop_requested: threading.Event | None = None,
     on_round: Callable[[WorkerProgress], None] | None = None,
+    epoch: int = 0,
 ) -> PoolResult:
     """Run the job's `workers.slots` worker flow runs on the pool until each has completed.
 
-    `parent_key` names this parent run (the flow run's id): it goes into every idempotency key.
+    `parent_key` names this parent run (the flow run's id): it goes into every idempotency key. `epoch`
+    (the job lease's number) goes into every worker's run id, so their parts are fenced with it.
     Raises `WorkerGroupError` when a worker id has failed `1 + workers.worker_retries` times.
     """
     stop_requested = stop_requested or threading.Event()
@@ -108,7 +112,7 @@ def run_pool_workers(
     mark_group_shards(job_dir, len(slots), "running")
     watcher = LedgerWatcher(job_dir)
     for slot in slots:
-        _start(slot, deployment, job_dir, parent_key, len(slots), names)
+        _start(slot, deployment, job_dir, parent_key, len(slots), names, epoch)
     cancelled = False
     with get_client(sync_client=True) as client:
         _warn_without_workers(client, config.workers.pool)
@@ -129,7 +133,7 @@ def run_pool_workers(
                     log.warning("worker %d's flow run %s ended %s; starting it again", slot.worker_id,
                                 slot.run.name, state.name)
                     slot.attempt += 1
-                    _start(slot, deployment, job_dir, parent_key, len(slots), names)
+                    _start(slot, deployment, job_dir, parent_key, len(slots), names, epoch)
                 else:
                     raise WorkerGroupError(f"worker {slot.worker_id}'s flow runs {names[slot.worker_id]} all "
                                            f"failed (last: {state.name}: {state.message}); committed work is "
@@ -137,15 +141,16 @@ def run_pool_workers(
             if on_round is not None and watcher.is_due():
                 on_round(watcher.poll())
     if not stop_requested.is_set():
+        check_epoch(job_dir, epoch)
         mark_group_shards(job_dir, len(slots), "done")
     return PoolResult(len(slots), stop_requested.is_set(), watcher.poll(), names)
 
 
 def _start(slot: _Slot, deployment: str, job_dir: str, parent_key: str, num_slots: int,
-           names: dict[int, list[str]]) -> None:
+           names: dict[int, list[str]], epoch: int = 0) -> None:
     key = f"{location_name(job_dir)}:{parent_key}:w{slot.worker_id}:a{slot.attempt}"
     parameters = {"job_dir": job_dir, "worker_id": slot.worker_id, "num_workers": num_slots,
-                  "run_id": f"{parent_key[:8]}a{slot.attempt}"}
+                  "run_id": epoch_run_id(epoch, f"{parent_key[:8]}a{slot.attempt}")}
     run: Any = run_deployment(deployment, parameters=parameters, idempotency_key=key, timeout=0)
     slot.run = run
     names[slot.worker_id].append(run.name)

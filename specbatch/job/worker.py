@@ -33,8 +33,10 @@ from specbatch.data.validate import Request
 from specbatch.engine.build import Models, build_hf_engine, load_models
 from specbatch.engine.graphs import use_compile_cache
 from specbatch.faults import crash_point
+from specbatch.fences import run_epoch
 from specbatch.job.finalize import DONE_STATUSES
 from specbatch.job.lease import LeaseHeldError, hold_lease
+from specbatch.job.lock import check_epoch
 from specbatch.job.manifest import append_part, load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.loop import Engine
@@ -112,7 +114,8 @@ def run_worker(
         if config.models.graphs != "eager":
             use_compile_cache(open_storage(job_dir).local_dir() / "compile-cache")
         models = models or load_models(config)
-        writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s)
+        writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s,
+                            before_commit=lambda: _check_commit(job_dir, run_id, lease_lost, worker_id))
         engine = build_hf_engine(config, models, writer, worker_id)
         progress = WorkerProgress()
         _mark_shards(job_dir, names, "running", worker_id)
@@ -137,6 +140,13 @@ def run_worker(
         if exhausted and not engine.scheduler.has_work:
             _mark_shards(job_dir, names, "done", worker_id)
         return progress
+
+
+def _check_commit(job_dir: Location, run_id: str, lease_lost: Callable[[], bool], worker_id: int) -> None:
+    """Right before a part's commit: this worker's lease and the job's lease epoch its run id carries
+    are still held (a part that loses a race with a takeover anyway is fenced out by the new holder)."""
+    _check_lease(lease_lost, worker_id)
+    check_epoch(job_dir, run_epoch(run_id))
 
 
 def _check_lease(lease_lost: Callable[[], bool], worker_id: int) -> None:

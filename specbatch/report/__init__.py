@@ -25,7 +25,7 @@ from rich.table import Table
 
 from specbatch import ledger
 from specbatch.report.plots import PLOTS
-from specbatch.storage import ObjectStorage, is_url, location_name, open_storage
+from specbatch.storage import ObjectStorage, is_url, join, location_name, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ def connect(
     if not job_dirs:
         raise ReportError("no job directory given")
     names = [location_name(d) for d in job_dirs]
+    parts: list[str] = []  # every counted part's files, `{table}` for the table (sql/views.sql: ledger_parts)
     if len(set(names)) != len(names):
         raise ReportError(f"job directories must have distinct names (the job_id): {names}")
     for job_dir in job_dirs:
@@ -101,6 +102,7 @@ def connect(
             raise ReportError(f"cannot read {job_dir}: {error}") from error
         if not committed:
             raise ReportError(f"{job_dir}: no committed parts (results/*.parquet); nothing to report")
+        parts += [join(job_dir, "{table}", name + ledger.PART_SUFFIX) for name in committed]
     if baseline is not None and location_name(baseline) not in names:
         raise ReportError(f"baseline {baseline!r} is not one of the jobs {names}")
     con = con or duckdb.connect()
@@ -110,6 +112,7 @@ def connect(
             registered.add(storage.fs.protocol[0])
             con.register_filesystem(storage.fs)  # DuckDB reads s3://... through the same fsspec file system
     con.execute("SET VARIABLE job_dir = ?", [",".join(str(d) for d in job_dirs)])
+    con.execute("SET VARIABLE ledger_parts = ?", [parts])
     if baseline is not None:
         con.execute("SET VARIABLE baseline_job = ?", [location_name(baseline)])
     con.execute((sql_dir() / "views.sql").read_text())
