@@ -72,6 +72,37 @@ def input_exists(location: Location) -> bool:
     return bool(fs.exists(path))
 
 
+class LinkInJobError(OSError):
+    """A symbolic link inside a local job folder: nothing a job writes or deletes may follow one out."""
+
+
+def links_in(root: Path) -> list[Path]:
+    """Symbolic links directly in `root` or in its folders (not followed), sorted; [] if none. A job
+    folder with any is refused: its links could lead a write or a delete out of it."""
+    if not root.is_dir():
+        return []
+    found: list[Path] = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                found.append(Path(entry.path))
+            elif entry.is_dir(follow_symlinks=False):
+                with os.scandir(entry.path) as inner:
+                    found += [Path(e.path) for e in inner if e.is_symlink()]
+    return sorted(found)
+
+
+def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open` that refuses a symbolic link at `path` with `LinkInJobError` (O_NOFOLLOW)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as error:
+        if path.is_symlink():
+            raise LinkInJobError(f"{path} is a symbolic link; a job folder must not contain links "
+                                 "(remove it and run again)") from error
+        raise
+
+
 class Storage:
     """A job folder: atomic whole-object writes, create-if-absent, listing, deletes, Parquet."""
 
@@ -137,11 +168,22 @@ class LocalStorage(Storage):
         self.root = root
         self.location = str(root)
 
+    def _path(self, key: str) -> Path:
+        """`root/key`, refusing a symbolic link among its folders (a write or delete through it would
+        land outside the job)."""
+        path = self.root
+        for name in [part for part in key.split("/") if part][:-1]:
+            path = path / name
+            if path.is_symlink():
+                raise LinkInJobError(f"{path} is a symbolic link; a job folder must not contain links "
+                                     "(remove it and run again)")
+        return self.root / key
+
     def exists(self, key: str) -> bool:
         return (self.root / key).exists()
 
     def names(self, folder: str, suffix: str = "") -> list[str]:
-        directory = self.root / folder
+        directory = self._path(f"{folder}/-").parent
         if not directory.is_dir():
             return []
         return sorted(p.name for p in directory.iterdir() if p.name.endswith(suffix) and p.is_file())
@@ -153,11 +195,12 @@ class LocalStorage(Storage):
     def open_write(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
         """A temporary file beside the target, renamed over it; with `durable`, the file and then the
         folder are fsynced, so the rename survives power loss too."""
-        path = self.root / key
+        path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + TMP_SUFFIX)
+        tmp.unlink(missing_ok=True)  # a stale one, or a planted link: the link goes, not what it names
         try:
-            with open(tmp, "wb") as file:
+            with os.fdopen(open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as file:
                 yield file
                 if durable:
                     file.flush()
@@ -172,7 +215,7 @@ class LocalStorage(Storage):
     def create(self, key: str, data: bytes) -> bool:
         """Written under a unique temporary name, then hard-linked to `key`: `link` fails if `key`
         exists, so the content appears whole or not at all."""
-        path = self.root / key
+        path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
         try:
@@ -189,7 +232,7 @@ class LocalStorage(Storage):
         return True
 
     def delete(self, key: str) -> None:
-        (self.root / key).unlink(missing_ok=True)
+        self._path(key).unlink(missing_ok=True)  # a link itself goes, never what it names
 
     def read_parquet(self, key: str, columns: list[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
         return pq.read_table(self.root / key, columns=columns, schema=schema)

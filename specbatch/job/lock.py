@@ -29,7 +29,7 @@ from specbatch.fences import write_fence
 from specbatch.job.inputs import JobError
 from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
 from specbatch.ledger import committed_parts
-from specbatch.storage import Location, is_url, location_name, open_storage
+from specbatch.storage import LinkInJobError, Location, is_url, links_in, location_name, open_no_follow, open_storage
 
 LOCK_NAME = ".job.lock"
 LEASE_FOLDER = ".job-lease"
@@ -67,7 +67,11 @@ def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -
         return
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(job_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)  # not inheritable (PEP 446)
+    check_no_links(job_dir)
+    try:  # not inheritable (PEP 446)
+        fd = open_no_follow(job_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    except LinkInJobError as error:
+        raise JobError(str(error)) from None
     try:
         _lock_or_raise(fd, job_dir, time.monotonic() + wait_s)
         os.ftruncate(fd, 0)
@@ -87,6 +91,16 @@ def check_epoch(job_dir: Location, epoch: int) -> None:
         raise LeaseLostError(f"job {location_name(job_dir)} was taken over by pid {(holder or {}).get('pid', '?')} "
                              f"on {(holder or {}).get('host', '?')} (lease {newest}) while this run (lease {epoch}) "
                              "stalled; this run stops without committing more, the other run owns the job now")
+
+
+def check_no_links(job_dir: Path) -> None:
+    """A job folder is a boundary: refuse one with symbolic links in it (a planted `.job.lock`,
+    `results.jsonl.tmp` or `rounds/` link would make a run write or delete outside it)."""
+    links = links_in(job_dir)
+    if links:
+        shown = ", ".join(f"{link.relative_to(job_dir)} -> {os.readlink(link)}" for link in links[:3])
+        raise JobError(f"job directory {job_dir} contains symbolic links ({shown}{', ...' if len(links) > 3 else ''}); "
+                       "a job directory must not contain links: remove them and run again")
 
 
 def check_not_running(job_dir: Location) -> None:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
 from specbatch.faults import crash_point
-from specbatch.storage import Location, fsync_dir, is_url, open_input, open_storage
+from specbatch.storage import Location, fsync_dir, is_url, open_input, open_no_follow, open_storage
 
 if TYPE_CHECKING:
     from specbatch.data.shards import ShardInfo
@@ -234,7 +234,7 @@ def append_part(job_dir: Location, name: str) -> None:
     if is_url(job_dir):
         return
     with manifest_lock(job_dir):
-        fd = os.open(Path(job_dir) / JOURNAL_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_no_follow(Path(job_dir) / JOURNAL_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":  # a line torn by a crash: drop it
@@ -254,12 +254,12 @@ def manifest_lock(job_dir: Location) -> Iterator[None]:
     if is_url(job_dir):
         yield
         return
-    with (Path(job_dir) / LOCK_NAME).open("a") as lock_file:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+    fd = open_no_follow(Path(job_dir) / LOCK_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _hash_file(digest: Any, path: Path) -> None:

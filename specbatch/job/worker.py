@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import logging
+import os
 import signal
 import sys
 import threading
@@ -40,7 +41,7 @@ from specbatch.job.lock import check_epoch
 from specbatch.job.manifest import append_part, load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.loop import Engine
-from specbatch.storage import Location, is_url, join, open_storage
+from specbatch.storage import Location, is_url, join, open_no_follow, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ def worker_lock(job_dir: Location, worker_id: int, timeout_s: float = 60.0,
             raise RuntimeError(f"worker {worker_id} of {job_dir} is still running ({error})") from None
         return
     path = Path(job_dir) / f".worker-{worker_id:02d}.lock"
-    with path.open("a") as lock_file:
+    with os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as lock_file:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
