@@ -168,6 +168,17 @@ class CapacityConfig(_Section):
     max_context: int | None = Field(default=None, ge=2)  # defaults to the target's positions
 
 
+class CacheConfig(_Section):
+    """Shared prompt prefixes computed once (`sched/prefix_cache.py`): a row copies the KV of the
+    longest prefix another row holds (running, or finished with its slot still free) instead of
+    computing it."""
+
+    prefix: bool = True
+    prefix_block_tokens: int = Field(default=16, ge=1)  # the index's block: shorter shared prefixes are not looked up
+    # what finished rows' kept prefixes may hold, in target + draft KV bytes (None: every free slot may keep one)
+    prefix_kv_bytes: int | None = Field(default=None, ge=0)
+
+
 class BucketsConfig(_Section):
     batch_rows: tuple[int, ...] = ()  # empty: no batch padding
     query_len: tuple[int, ...] = ()  # empty: pad only to the round's longest row
@@ -217,6 +228,7 @@ class JobConfig(_Section):
     drafter: DrafterConfig = DrafterConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     capacity: CapacityConfig = CapacityConfig()
+    cache: CacheConfig = CacheConfig()
     buckets: BucketsConfig = BucketsConfig()
     sampling: SamplingDefaults = SamplingDefaults()
     io: IOConfig = IOConfig()
@@ -287,13 +299,14 @@ def config_to_dict(config: JobConfig) -> dict[str, Any]:
 # coupling, the context, the seed, the sharding. Speed: how and where the same outputs are computed: the
 # drafter and draft model (exact speculative decoding keeps the target's law), batching, lookahead, the
 # KV budget, buckets, device, attention kernel and threads (same maths, other rounding, as under another
-# batch), processes, part flushes. The EAGLE head (models.eagle) is a drafter like the draft model.
+# batch), prefix reuse (a copied prefix's KV is the same maths as computing it, in another pass shape),
+# processes, part flushes. The EAGLE head (models.eagle) is a drafter like the draft model.
 OUTPUT_FIELDS = frozenset({"models.target", "models.tokenizer", "models.dtype", "models.trust_remote_code",
                            "sampling", "capacity.max_context", "io.shard_size", "io.group_window", "seed"})
 SPEED_FIELDS = frozenset({"models.draft", "models.eagle", "models.device", "models.draft_device", "models.graphs",
                           "models.attn_implementation", "models.num_threads",
                           "drafter", "scheduler", "capacity.kv_tokens", "capacity.kv_bytes", "capacity.admission",
-                          "buckets", "io.part_every_requests", "io.part_every_s", "workers"})
+                          "cache", "buckets", "io.part_every_requests", "io.part_every_s", "workers"})
 
 
 def changes_outputs(path: str) -> bool:

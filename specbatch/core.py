@@ -75,6 +75,7 @@ class Row:
     num_proposed: int = 0
     num_accepted: int = 0
     num_preemptions: int = 0
+    num_reused_tokens: int = 0  # prompt positions whose KV was copied from a shared prefix, not computed
     # acceptance history: accepted prefix length and k of each speculative round
     accept_history: list[tuple[int, int]] = field(default_factory=list)
     last_k: int = 0
@@ -135,6 +136,9 @@ class RoundPlan:
     # draft pass while nothing drafts (the round-time model must learn what drafting costs) without
     # padding every row's verify to 2 positions, as a verified k = 1 would
     probe: Row | None = None
+    # shared-prefix KV copied into rows before this round's passes (`sched/prefix_cache.py`); the rows'
+    # num_computed already counts it, so prefill chunks start after it
+    reuse: list[PrefixCopy] = field(default_factory=list)
 
     def drafted_k(self, row: Row, k: int) -> int:
         """Tokens the drafter drafts for a decode row planned at k: 1 for the probe, else k."""
@@ -165,6 +169,25 @@ class RoundPlan:
     @cached_property
     def _prefill_sizes(self) -> dict[int, int]:
         return {id(row): size for row, size in self.prefill}
+
+
+@dataclass(frozen=True)
+class PrefixCopy:
+    """KV positions a row takes from another holder of the same prompt prefix instead of computing
+    them: target [start, end), draft cache [draft_start, draft_end) (empty where the holder's draft
+    cache has nothing to give). `holder` is a running `Row` or a finished row's prefix kept in its
+    free slot (`sched.prefix_cache.RetainedPrefix`)."""
+
+    row: Row
+    holder: Any
+    start: int
+    end: int
+    draft_start: int
+    draft_end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -224,6 +247,7 @@ class RoundOutcome:
     verify_shape: PassShape | None = None
     proposals: Proposals | None = None
     num_draft_prefill_rows: int = 0  # > 0: the draft cache was filled alongside the prefill chunks
+    reuse_ms: float = 0.0  # copying shared prefixes' KV into rows (`RoundPlan.reuse`)
     prefill_ms: float = 0.0
     draft_prefill_ms: float = 0.0  # of prefill_ms: filling the draft cache alongside
     draft_ms: float = 0.0
@@ -242,6 +266,10 @@ class Backend(Protocol):
 
     def release(self, row: Row, finished: bool) -> None:
         """Free the row's KV slot; a finished row also drops its random stream."""
+
+    def use_prefix_cache(self, prefix: Any) -> None:
+        """Serve `RoundPlan.reuse` copies and keep `prefix` (a `sched.prefix_cache.PrefixCache`)
+        told of the rows it releases."""
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         """Run the plan's passes and return what was proposed, accepted and emitted per row."""

@@ -44,11 +44,15 @@ def split_plan(plan: RoundPlan) -> tuple[RoundPlan, RoundPlan]:
     """Two plans of half the rows each, every row with all its work; the first keeps `plan_ms`."""
     rows = plan_rows(plan)
     middle = len(rows) // 2
-    return _sub_plan(plan, rows[:middle], plan.plan_ms), _sub_plan(plan, rows[middle:], 0.0)
+    return _sub_plan(plan, rows[:middle], first=True), _sub_plan(plan, rows[middle:], first=False)
 
 
-def _sub_plan(plan: RoundPlan, rows: list[Row], plan_ms: float) -> RoundPlan:
+def _sub_plan(plan: RoundPlan, rows: list[Row], first: bool) -> RoundPlan:
+    """The plan's work for `rows`. The first half keeps `plan_ms` and every prefix copy, in order: a
+    row may copy from one that took its prefix by a copy of the same round, so the copies run before
+    either half's passes (copying a prefix again is harmless)."""
     wanted = {id(row) for row in rows}
     probe = plan.probe if id(plan.probe) in wanted else None
     return RoundPlan([item for item in plan.prefill if id(item[0]) in wanted],
-                     [item for item in plan.decode if id(item[0]) in wanted], plan_ms, plan.draft_prefill, probe)
+                     [item for item in plan.decode if id(item[0]) in wanted], plan.plan_ms if first else 0.0,
+                     plan.draft_prefill, probe, plan.reuse if first else [])

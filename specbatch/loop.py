@@ -194,6 +194,8 @@ def build_engine(
     `scheduler_cost` is what the scheduler's policies believe about round times; by default the
     config's (`scheduler.cost_model`, else the CPU profile)."""
     scheduler = make_scheduler(config, limits.kv_capacity_tokens, limits.max_context, scheduler_cost)
+    if scheduler.prefix is not None:
+        backend.use_prefix_cache(scheduler.prefix)
     stops = StopChecker(set(limits.eos_token_ids), limits.decode, limits.max_context)
     return Engine(scheduler, backend, stops, recorder, worker_id, clock)
 

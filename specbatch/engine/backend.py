@@ -10,13 +10,14 @@ from collections.abc import Callable
 
 import torch
 
-from specbatch.core import Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
+from specbatch.core import Proposals, RoundOutcome, RoundPlan, Row, RowOutcome, Status
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import Drafter
 from specbatch.engine.forward import SlotModel
 from specbatch.engine.sampling import accept_greedy
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.records import ms_since
+from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix
 
 
 class HFBackend:
@@ -28,18 +29,32 @@ class HFBackend:
         self.vocab_size, self.coupling = vocab_size, coupling
         self.slot_of: dict[str, int] = {}  # request id -> slot
         self.slot_owner: dict[int, Row] = {}
+        self.prefix: PrefixCache | None = None  # shared prefixes: whose KV a row copies, which free slots keep one
+        self.retained: dict[int, RetainedPrefix] = {}  # the prefix cache's kept slots (free, but not to pad into)
         self._sync = torch.cuda.synchronize if self.cache.keys[0].is_cuda else (lambda: None)
-        owners = self.slot_owner  # not self: a model referring back to its backend kept every engine's
-        for model in (target, getattr(drafter, "draft", None)):  # caches alive until the collector ran
+        self._share_free_slots()
+
+    def use_prefix_cache(self, prefix: PrefixCache) -> None:
+        """Serve the scheduler's prefix copies; finished rows' slots keep their prefix while free."""
+        self.prefix, self.retained = prefix, prefix.retained
+        caches = [self.cache] + ([self.draft_cache] if self.draft_cache is not None else [])
+        prefix.bytes_per_token = sum(cache.bytes_per_token for cache in caches)
+        self._share_free_slots()
+
+    def _share_free_slots(self) -> None:
+        """Tell the models which slots padded rows may write: those no row owns and no prefix is kept in."""
+        owners, retained = self.slot_owner, self.retained  # not self: a model referring back to its backend
+        for model in (self.target, getattr(self.drafter, "draft", None)):  # kept every engine's caches alive
             if model is not None:
-                model.is_free = lambda slot: slot not in owners
+                model.is_free = lambda slot: slot not in owners and slot not in retained
 
     @property
     def num_slots(self) -> int:
         return self.cache.num_slots - 1  # the last slot is scratch space for padded batch rows
 
     def admit(self, row: Row) -> None:
-        slot = min(set(range(self.num_slots)) - set(self.slot_owner))
+        free = sorted(set(range(self.num_slots)) - set(self.slot_owner))
+        slot = free[0] if self.prefix is None else self.prefix.claim_slot(row, free)
         self.slot_of[row.request_id], self.slot_owner[slot] = slot, row
         self.coupling.admit(row)
 
@@ -47,6 +62,11 @@ class HFBackend:
         slot = self.slot_of.pop(row.request_id, None)
         if slot is not None:
             del self.slot_owner[slot]
+        if self.prefix is not None:
+            if slot is not None and row.status is Status.COMPLETED:
+                self.prefix.retain(row, slot)  # its prompt's KV stays valid in the slot until it is reused
+            else:
+                self.prefix.forget(row)
         self.drafter.forget(row.request_id)
         if finished:
             self.coupling.release(row)
@@ -59,6 +79,11 @@ class HFBackend:
             self._warm_up()  # before any pass: no row has KV yet for it to overwrite
             self._warm_up = None
             outcome.warmup_ms = ms_since(started)
+        if plan.reuse:
+            started = time.perf_counter()
+            self._copy_prefixes(plan)
+            self._sync()
+            outcome.reuse_ms = ms_since(started)
         self._arrange_slots([row for row, _ in plan.decode])
         if plan.prefill:
             started = time.perf_counter()
@@ -97,6 +122,19 @@ class HFBackend:
             outcome.rows = self._accept(rows, ks, logits[..., : self.vocab_size], proposals)
             outcome.verify_ms = ms_since(started)
         return outcome
+
+    def _copy_prefixes(self, plan: RoundPlan) -> None:
+        """Copy each planned shared prefix into its row's slot, before any pass or slot move of the
+        round: a kept slot handed to a new row this round still holds its prefix until then."""
+        for copy in plan.reuse:
+            holder = copy.holder
+            source = holder.slot if isinstance(holder, RetainedPrefix) else self.slot_of[holder.request_id]
+            slot = self.slot_of[copy.row.request_id]
+            if source == slot:
+                continue  # admitted into the slot that keeps its prefix
+            self.cache.copy_slot(source, slot, copy.end, copy.start)
+            if self.draft_cache is not None and copy.draft_end > copy.draft_start:
+                self.draft_cache.copy_slot(source, slot, copy.draft_end, copy.draft_start)
 
     def _slots(self, rows: list[Row]) -> list[int]:
         return [self.slot_of[row.request_id] for row in rows]
@@ -145,6 +183,9 @@ class HFBackend:
         if not decode_rows or not self.target.pad_decode:
             return
         padded_end = self.target.buckets.fit(len(decode_rows), 1).batch_rows
+        if self.prefix is not None:
+            for slot in range(len(decode_rows), padded_end):
+                self.prefix.evict_slot(slot)  # padded rows write there: the verify pass keeps its view
         free_above = [slot for slot in range(padded_end, self.num_slots) if slot not in self.slot_owner]
         in_the_way = [self.slot_owner[slot] for slot in range(len(decode_rows), padded_end) if slot in self.slot_owner]
         for row, free in zip(in_the_way, free_above, strict=False):
@@ -156,6 +197,8 @@ class HFBackend:
         occupant = self.slot_owner.get(slot)
         length = max(row.num_computed, row.num_draft_computed, 1)
         caches = [self.cache] + ([self.draft_cache] if self.draft_cache is not None else [])
+        if self.prefix is not None and occupant is None:
+            self.prefix.evict_slot(slot)
         if occupant is not None:
             length = max(length, occupant.num_computed, occupant.num_draft_computed)
             for cache in caches:

@@ -75,11 +75,12 @@ class SlotCache(Cache):
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         return self._kv_len, 0
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Move a row's first `length` positions to another slot (compaction keeps rows contiguous)."""
+    def copy_slot(self, src: int, dst: int, end: int, start: int = 0) -> None:
+        """Copy positions [start, end) of one slot into another: a row moving (compaction keeps rows
+        contiguous), or a shared prefix a row takes instead of computing it."""
         for keys, values in zip(self.keys, self.values, strict=True):
-            keys[dst, :, :length] = keys[src, :, :length]
-            values[dst, :, :length] = values[src, :, :length]
+            keys[dst, :, start:end] = keys[src, :, start:end]
+            values[dst, :, start:end] = values[src, :, start:end]
 
     def swap_slots(self, a: int, b: int, length: int) -> None:
         for keys, values in zip(self.keys, self.values, strict=True):

@@ -26,6 +26,7 @@ from specbatch.sched.policies import (
     ShortestJobFirst,
 )
 from specbatch.sched.prefill import DeadlinePrefillChunk
+from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sched.roundcost import RoundCostModel
 from specbatch.sched.scheduler import Scheduler, SchedulerLimits
 
@@ -136,4 +137,14 @@ def make_scheduler(config: JobConfig, kv_capacity_tokens: int, max_context: int,
     limits = SchedulerLimits(config.scheduler.max_batch_rows, config.scheduler.max_round_tokens, max_context,
                              config.max_lookahead, config.capacity.admission)
     order, lookahead, prefill_chunk = policies(config, ctx)
-    return Scheduler(limits, KVBudget(kv_capacity_tokens), order, lookahead, prefill_chunk, context=ctx)
+    return Scheduler(limits, KVBudget(kv_capacity_tokens), order, lookahead, prefill_chunk, context=ctx,
+                     prefix=make_prefix_cache(config))
+
+
+def make_prefix_cache(config: JobConfig) -> PrefixCache | None:
+    """The job's shared-prefix index (`cache.prefix`), told what the drafter keeps per row."""
+    if not config.cache.prefix:
+        return None
+    kind = config.drafter.kind
+    return PrefixCache(config.cache.prefix_block_tokens, uses_draft_cache=kind in ("draft", "eagle"),
+                       draft_from_target_features=kind == "eagle", max_retained_bytes=config.cache.prefix_kv_bytes)

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specbatch.core import PrefixCopy, Row
+
 
 class PrefixHolder(Protocol):
     """What the index reads of a holder: its prompt and how far its KV is computed."""
@@ -101,23 +103,6 @@ class PrefixIndex:
         return [tuple(token_ids[i : i + size]) for i in range(0, len(token_ids) - size + 1, size)]
 
 
-@dataclass(frozen=True)
-class PrefixReuse:
-    """A row's KV positions copied from a holder this round: target [start, end), draft
-    [draft_start, draft_end) (an empty range where the holder's draft cache has nothing to give)."""
-
-    row_id: str
-    holder: PrefixHolder
-    start: int
-    end: int
-    draft_start: int
-    draft_end: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.end - self.start
-
-
 class PrefixCache:
     """The reuse rule over a `PrefixIndex` of running and retained holders.
 
@@ -126,8 +111,11 @@ class PrefixCache:
     row's target reuse stops where the head's does: the head reads target features of every
     position it has not fed, and copied target positions have none for the new row."""
 
-    def __init__(self, block_size: int, uses_draft_cache: bool, draft_from_target_features: bool) -> None:
+    def __init__(self, block_size: int, uses_draft_cache: bool, draft_from_target_features: bool,
+                 max_retained_bytes: int | None = None) -> None:
         self.index = PrefixIndex(block_size)
+        self.max_retained_bytes = max_retained_bytes  # None: every free slot may keep a prefix
+        self.bytes_per_token = 1  # KV bytes a kept position holds (the backend knows its caches)
         self.uses_draft_cache = uses_draft_cache
         self.draft_from_target_features = draft_from_target_features
         self.retained: dict[int, RetainedPrefix] = {}  # slot -> the finished row's prefix kept there
@@ -154,6 +142,9 @@ class PrefixCache:
         self.evict_slot(slot)
         self.retained[slot] = kept
         self.register(kept)
+        if self.max_retained_bytes is not None:
+            while sum(k.num_computed for k in self.retained.values()) * self.bytes_per_token > self.max_retained_bytes:
+                self.evict_slot(next(iter(self.retained)))  # the one kept longest first
 
     def evict_slot(self, slot: int) -> None:
         """The slot is about to be written by something else: its retained prefix is gone."""
@@ -190,7 +181,7 @@ class PrefixCache:
                         for holder in others]
         return []
 
-    def plan(self, row: PrefixHolder) -> tuple[PrefixReuse | None, bool]:
+    def plan(self, row: Row) -> tuple[PrefixCopy | None, bool]:
         """For a row with prefill left: the copy to make now, if any, and whether it should then
         wait a round (not prefill) for an earlier row still computing more of its prefix."""
         limit = len(row.prompt_ids) - 1  # the pending token is always computed by the verify pass
@@ -211,7 +202,7 @@ class PrefixCache:
         usable, holder = best
         draft_end = min(usable, holder.num_draft_computed) if self.uses_draft_cache else 0
         draft_start = min(row.num_draft_computed, draft_end)
-        return PrefixReuse(row.request_id, holder, row.num_computed, usable, draft_start, draft_end), wait
+        return PrefixCopy(row, holder, row.num_computed, usable, draft_start, draft_end), wait
 
     def _usable(self, holder: PrefixHolder, matched: int) -> int:
         """Target positions a row matching `matched` prompt tokens of `holder` can copy from it."""

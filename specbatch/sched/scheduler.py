@@ -21,6 +21,7 @@ from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import AcceptanceStats
 from specbatch.sched.packing import Packer
 from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
+from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sched.queues import WaitQueue
 from specbatch.sched.roundcost import DecodeShape
 
@@ -52,8 +53,10 @@ class Scheduler:
         prefill_chunk: PrefillChunkPolicy,
         stats: AcceptanceStats | None = None,
         context: SchedContext | None = None,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.limits, self.kv = limits, kv
+        self.prefix = prefix  # shared prompt prefixes whose KV rows copy instead of computing
         self.ctx = context or SchedContext(
             stats=stats or AcceptanceStats(), max_lookahead=limits.max_lookahead,
             max_batch_rows=limits.max_batch_rows, max_round_tokens=limits.max_round_tokens)
@@ -129,6 +132,8 @@ class Scheduler:
     def _admit(self, row: Row, need: int, now_s: float, result: Admission) -> None:
         self.kv.reserve(row.request_id, need)
         row.status = Status.RUNNING
+        if self.prefix is not None:
+            self.prefix.register(row)
         if row.admitted_s is None:
             row.admitted_s = now_s
         self.running.append(row)
@@ -170,6 +175,8 @@ class Scheduler:
     def preempt(self, row: Row) -> None:
         _remove(self.running, row)
         self.kv.free(row.request_id)
+        if self.prefix is not None:
+            self.prefix.forget(row)
         row.num_computed = row.num_draft_computed = 0
         row.num_preemptions += 1
         self.add(row, self.ctx.now_s)
@@ -179,10 +186,11 @@ class Scheduler:
         self.ctx.now_s = now_s
         admission = self.admit(now_s)
         plan = RoundPlan()
+        held_back = self._reuse_prefixes(plan)
         decoding = [row for row in self.running if row.is_decoding]
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
-        self._plan_prefill(plan, budget, now_s)
+        self._plan_prefill(plan, budget, now_s, held_back)
         plan.probe = self.draft.probe_row(plan)
         self.ctx.observe_plan(plan, len(self.running))
         self.draft.observe_plan(plan, self.ctx.round_cost)
@@ -204,11 +212,32 @@ class Scheduler:
             budget -= 1 + k
         return budget
 
-    def _plan_prefill(self, plan: RoundPlan, budget: int, now_s: float) -> None:
-        """Prefill rows in priority order. A row whose prefill completes also verifies this round,
-        with k no larger than the round's largest (no extra verify padding); if it is the round's
-        only kind of verify row, the lookahead policy chooses for those rows together."""
-        prefilling = sorted((r for r in self.running if not r.is_decoding),
+    def _reuse_prefixes(self, plan: RoundPlan) -> set[int]:
+        """Copy shared prefixes into rows with prefill left (`PrefixCache.plan`): each copy goes on
+        the plan and counts as computed from now on, so the row's prefill resumes after it. Returns
+        the ids of rows that wait this round for an earlier row computing more of their prefix."""
+        if self.prefix is None:
+            return set()
+        held_back = set()
+        for row in self.running:
+            if row.is_decoding:
+                continue
+            copy, wait = self.prefix.plan(row)
+            if copy is not None:
+                plan.reuse.append(copy)
+                row.num_computed = copy.end
+                row.num_draft_computed = max(row.num_draft_computed, copy.draft_end)
+                row.num_reused_tokens += copy.num_tokens
+            if wait and not row.is_decoding:
+                held_back.add(id(row))
+        return held_back
+
+    def _plan_prefill(self, plan: RoundPlan, budget: int, now_s: float, held_back: set[int]) -> None:
+        """Prefill rows in priority order, but those waiting for a shared prefix. A row whose prefill
+        completes also verifies this round, with k no larger than the round's largest (no extra
+        verify padding); if it is the round's only kind of verify row, the lookahead policy chooses
+        for those rows together."""
+        prefilling = sorted((r for r in self.running if not r.is_decoding and id(r) not in held_back),
                             key=lambda r: self.order.priority(r, now_s))
         if not prefilling:
             return

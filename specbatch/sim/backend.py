@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
+from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance
 
 SIM_EOS_TOKEN_ID = 0
@@ -70,6 +71,7 @@ class SimBackend:
         self._speed = random.Random(f"specbatch.sim.speed:{seed}:{worker_id}")
         self.uses_draft_model = drafter_kind in ("draft", "eagle")
         self.rngs: dict[str, random.Random] = {}
+        self.prefix: PrefixCache | None = None
         self._drafts: dict[int, list[int]] = {}  # k -> k fake draft tokens
         # DomainAcceptance is drawn inline (the same draws as `accepted_prefix`, a third of the
         # cost): ln α per running request, 0.0 for α = 1 and -inf for α = 0
@@ -83,7 +85,14 @@ class SimBackend:
             alpha = self.acceptance.alpha(row.request_id, row.domain)
             self._log_alphas[row.request_id] = math.log(alpha) if alpha > 0 else -math.inf
 
+    def use_prefix_cache(self, prefix: PrefixCache) -> None:
+        """A copied prefix costs nothing here: the scheduler's copy already counts it computed, so
+        only the suffix is prefilled and priced. No slots: only running rows hold prefixes."""
+        self.prefix = prefix
+
     def release(self, row: Row, finished: bool) -> None:
+        if self.prefix is not None:
+            self.prefix.forget(row)
         if finished:
             self.rngs.pop(row.request_id, None)
             self.acceptance.release(row.request_id)

@@ -1,0 +1,119 @@
+"""Invariant 1 with shared prefixes: a row that copies another's prompt KV decodes exactly as the
+target alone, for every drafter, rows joining and leaving, prefixes ending inside a block, kept
+prefixes evicted and recomputed, and prefixes prefilled in other chunk sizes; and it computes
+the shared part once."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from engine_helpers import assert_exact, greedy_reference, run_engine, tiny_config
+
+from specbatch.engine.build import load_models
+
+NUM_PROMPTS = 24
+
+
+def shared_prefix_prompts(tokenizer, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """Prompts over three prefixes of 21, 40 and 57 tokens (ending inside 16-token blocks),
+    interleaved, each with a unique suffix of 1-9 tokens; two prompts repeat another whole."""
+    rng = random.Random(seed)
+    vocab = len(tokenizer)
+    prefixes = [[rng.randrange(2, vocab) for _ in range(length)] for length in (21, 40, 57)]
+    prompts = [(prefixes[i % 3] + [rng.randrange(2, vocab) for _ in range(rng.randint(1, 9))], rng.randint(2, 20))
+               for i in range(n)]
+    prompts[5] = (list(prompts[2][0]), 12)
+    prompts[9] = (list(prompts[3][0]), 7)
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def references(tiny_pair):
+    models = load_models(tiny_config(tiny_pair))
+    tokenizer = tiny_pair[2]
+    requests = shared_prefix_prompts(tokenizer, NUM_PROMPTS)
+    refs = [greedy_reference(models.target, p, m, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for p, m in requests]
+    return requests, refs
+
+
+def run_with_reuse(config, requests):
+    rows, recorder, engine = run_engine(config, requests)
+    reused = sum(row.num_reused_tokens for row in rows.values())
+    prefilled = sum(record.num_prefill_tokens for record in recorder.rounds)
+    return rows, reused, prefilled, engine
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_greedy_exact_with_shared_prefixes_reused(tiny_pair, references, drafter, batch):
+    requests, refs = references
+    config = tiny_config(tiny_pair, f"drafter.kind={drafter}", f"scheduler.max_batch_rows={batch}",
+                         "scheduler.prefill_chunk=fixed:13")
+    rows, reused, prefilled, _ = run_with_reuse(config, requests)
+    assert_exact(rows, refs)
+    prompt_tokens = sum(len(p) for p, _ in requests)
+    assert reused + prefilled + len(requests) == prompt_tokens  # copied, computed, or the pending token
+    if batch > 1:  # three interleaved prefixes: at batch 1 the one free slot keeps the wrong one
+        assert reused > prompt_tokens / 2
+
+
+def test_eagle_exact_with_shared_prefixes_reused(tiny_pair, tiny_eagle, references):
+    requests, refs = references
+    config = tiny_config(tiny_pair, "drafter.kind=eagle", f"models.eagle={tiny_eagle}",
+                         "scheduler.max_batch_rows=5", "scheduler.prefill_chunk=fixed:11")
+    rows, reused, _, _ = run_with_reuse(config, requests)
+    assert_exact(rows, refs)
+    assert reused > 0
+
+
+def test_reuse_off_prefills_every_prompt_and_decodes_the_same(tiny_pair, references):
+    requests, refs = references
+    config = tiny_config(tiny_pair, "cache.prefix=false", "scheduler.max_batch_rows=4")
+    rows, reused, prefilled, _ = run_with_reuse(config, requests)
+    assert_exact(rows, refs)
+    assert reused == 0 and prefilled == sum(len(p) - 1 for p, _ in requests)
+
+
+def test_a_prefix_prefilled_in_other_chunk_sizes_and_kept_in_a_free_slot_is_reused_exactly(tiny_pair, references):
+    """Batch 1, rows grouped by prefix (as ingest sorts them): no two rows run together, so every
+    hit is on the finished row's kept slot; its prefix was prefilled in chunks of 7 across blocks."""
+    requests, refs = references
+    order = sorted(range(len(requests)), key=lambda i: (i % 3, i))
+    requests, refs = [requests[i] for i in order], [refs[i] for i in order]
+    config = tiny_config(tiny_pair, "drafter.kind=none", "scheduler.max_batch_rows=1",
+                         "scheduler.prefill_chunk=fixed:7", "cache.prefix_block_tokens=4")
+    rows, reused, _, _ = run_with_reuse(config, requests)
+    assert_exact(rows, refs)
+    assert reused > 0
+
+
+def test_an_evicted_prefix_is_computed_again_exactly(tiny_pair, references):
+    """A byte budget of a few positions: no finished row's prefix is kept, so interleaved prefixes
+    at batch 1 are computed again each time, and outputs do not change."""
+    requests, refs = references
+    config = tiny_config(tiny_pair, "drafter.kind=none", "scheduler.max_batch_rows=1", "cache.prefix_kv_bytes=1")
+    rows, reused, prefilled, _ = run_with_reuse(config, requests)
+    assert_exact(rows, refs)
+    assert reused == 0 and prefilled == sum(len(p) - 1 for p, _ in requests)
+
+
+def test_rows_joining_and_leaving_mid_run_reuse_exactly(tiny_pair, references):
+    from specbatch.core import Row, SamplingParams
+    from specbatch.engine.build import build_hf_engine
+    from specbatch.loop import MemoryRecorder
+
+    requests, refs = references
+    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=3", "scheduler.prefill_chunk=fixed:5")
+    engine = build_hf_engine(config, load_models(config), MemoryRecorder())
+    rows = {f"r{i}": Row(f"r{i}", prompt, SamplingParams(max_new_tokens=m)) for i, (prompt, m) in enumerate(requests)}
+    pending = list(rows.values())
+    while pending or engine.scheduler.has_work:
+        for row in pending[:2]:
+            engine.add(row)
+        pending = pending[2:]
+        if engine.scheduler.has_work:
+            engine.step()
+    assert_exact(rows, refs)
+    assert sum(row.num_reused_tokens for row in rows.values()) > 0
