@@ -30,6 +30,9 @@ from specbatch.storage import TMP_SUFFIX, Location, Storage, open_storage
 
 log = logging.getLogger(__name__)
 
+# A drop that is one run's verdict on its KV capacity, not on the record: capacity is speed-only config,
+# so a resume (`retire_cancelled_results(..., capacity_drops=True)`) runs such a request again.
+RERUN_DROP_REASONS = frozenset({"exceeds_kv_capacity"})
 TABLES = ("rounds", "steps", "requests", "results")  # write order: results last (the commit point)
 PART_SUFFIX = ".parquet"
 _PART_RE = re.compile(r"^part-w(?P<worker>\d+)-(?P<run>.+)-(?P<seq>\d+)$")
@@ -230,8 +233,9 @@ def part_order(name: str) -> tuple[int, str, int]:
         return -1, name, -1  # not a part name: first, by name
 
 
-def retire_cancelled_results(job_dir: Location | Storage) -> int:
-    """Remove `cancelled` rows from committed results parts so a resumed job runs them again.
+def retire_cancelled_results(job_dir: Location | Storage, capacity_drops: bool = False) -> int:
+    """Remove `cancelled` rows (with `capacity_drops`, also rows dropped for one of `RERUN_DROP_REASONS`)
+    from committed results parts so a resumed job runs them again.
 
     Each affected results file is rewritten atomically; its rounds/steps/requests rows stay (the
     cancelled attempt's work really was done). Returns the number of rows retired.
@@ -241,8 +245,11 @@ def retire_cancelled_results(job_dir: Location | Storage) -> int:
     for name in committed_parts(storage):
         key = part_key("results", name)
         table = storage.read_parquet(key, schema=RESULTS_SCHEMA)
-        keep = pc.not_equal(table.column("status"), "cancelled")
-        kept = table.filter(keep)
+        retire = pc.equal(table.column("status"), "cancelled")
+        if capacity_drops:
+            capacity = pc.is_in(table.column("drop_reason"), pa.array(sorted(RERUN_DROP_REASONS)))
+            retire = pc.or_(retire, pc.and_(pc.equal(table.column("status"), "dropped"), pc.fill_null(capacity, False)))
+        kept = table.filter(pc.invert(retire))
         if kept.num_rows < table.num_rows:
             retired += table.num_rows - kept.num_rows
             storage.write_parquet(key, kept, durable=True)

@@ -112,9 +112,10 @@ def run_workers(job_dir: str, epoch: int = 0) -> dict | State:
     local = _local_hooks.get() is not None
     hooks = _local_hooks.get() or LocalHooks()
     attempt = _attempt()
-    retired = retire_cancelled_results(path)  # a stopped or crashed attempt's cancelled rows run again
+    # a stopped or crashed attempt's cancelled rows run again, and requests a run's KV capacity dropped
+    retired = retire_cancelled_results(path, capacity_drops=True)
     if retired:
-        _logger().info("%d cancelled requests will run again", retired)
+        _logger().info("%d cancelled or capacity-dropped requests will run again", retired)
     run_id = epoch_run_id(epoch, f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}")
     if hooks.on_start is not None:
         hooks.on_start(load_manifest(path).dataset.num_records, len(committed_request_ids(path, DONE_STATUSES)))

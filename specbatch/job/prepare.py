@@ -67,12 +67,11 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
 
 
 def max_prompt_tokens(config: JobConfig) -> int:
-    """Longest admissible prompt: room for one new token (and its drafts) in context and KV."""
-    k_max = config.max_lookahead
+    """Longest admissible prompt: room for one new token in the context. Not the KV capacity (a speed
+    field): a prompt it cannot hold is dropped by the run (`exceeds_kv_capacity`), which a resume
+    with more capacity runs again, where a drop in the shards would be for good."""
     limit = context_limit(config.models) - 1
     if config.capacity.max_context:
         limit = min(limit, config.capacity.max_context - 1)
-    if config.capacity.kv_tokens:
-        limit = min(limit, config.capacity.kv_tokens - k_max - 2)
     return max(limit, 1)
 
