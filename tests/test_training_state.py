@@ -3,8 +3,10 @@ streams, so it continues exactly as the uninterrupted run would."""
 
 from __future__ import annotations
 
+import pickle
 import random
 
+import pytest
 import torch
 
 from specbatch.models.checkpoint import load_training_state, save_training_state
@@ -48,3 +50,25 @@ def test_a_resumed_run_continues_as_the_uninterrupted_one(tmp_path):
 def test_no_checkpoint_yet(tmp_path):
     _, optimizer, schedule, rng = _setup(0)
     assert load_training_state(tmp_path / "absent.pt", optimizer, schedule, rng) is None
+
+
+class _Planted:
+    """Anything a pickle would construct on load (a real attack runs a command from `__reduce__`)."""
+
+    ran = False
+
+    def __reduce__(self):
+        return (_mark_ran, ())
+
+
+def _mark_ran() -> None:
+    _Planted.ran = True
+
+
+def test_a_planted_checkpoint_runs_no_code(tmp_path):
+    _, optimizer, schedule, rng = _setup(0)
+    torch.save({"weights": {}, "optimizer": _Planted(), "schedule": {}, "rng": [], "torch_rng": None,
+                "step": 0, "elapsed_s": 0.0}, tmp_path / "distill-checkpoint.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        load_training_state(tmp_path / "distill-checkpoint.pt", optimizer, schedule, rng)
+    assert not _Planted.ran
