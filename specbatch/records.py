@@ -33,9 +33,11 @@ class RoundRecord:
     num_bucket_rows: int  # rows after padding the verify batch up to its shape bucket
     num_decode_rows: int
     num_prefill_rows: int
-    num_prefill_tokens: int
+    num_prefill_tokens: int  # prompt positions the target computed (prefill chunks)
+    num_reused_tokens: int  # prompt positions copied from a shared prefix instead (sched/prefix_cache.py)
     num_target_rows: int  # Σ(1 + k) over decode rows + prefill chunk tokens
     num_padded_target_rows: int  # positions computed only because of shape buckets / ragged k
+    num_padded_prefill_rows: int  # of those, in the prefill passes
     num_draft_rows: int  # positions the draft model computed (0 for n-gram drafting)
     num_padded_draft_rows: int
     num_target_passes: int  # sequential target forward passes this round
@@ -51,6 +53,7 @@ class RoundRecord:
     kv_tokens_in_use: int
     kv_tokens_capacity: int
     plan_ms: float
+    reuse_ms: float  # copying shared prefixes' KV into rows
     prefill_ms: float
     draft_ms: float
     verify_ms: float
@@ -74,8 +77,9 @@ class RoundRecord:
             worker_id=worker_id, round_index=round_index, started_s=started_s,
             num_batch_rows=len(rows), num_bucket_rows=verify.num_bucket_rows if verify else 0,
             num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
-            num_prefill_tokens=num_prefill_tokens, num_target_rows=num_real_verify + num_prefill_tokens,
-            num_padded_target_rows=padded, num_draft_rows=num_draft_rows,
+            num_prefill_tokens=num_prefill_tokens, num_reused_tokens=sum(copy.num_tokens for copy in plan.reuse),
+            num_target_rows=num_real_verify + num_prefill_tokens, num_padded_target_rows=padded,
+            num_padded_prefill_rows=prefill.num_padded_positions if prefill else 0, num_draft_rows=num_draft_rows,
             num_padded_draft_rows=proposals.num_padded_draft_rows if proposals else 0,
             num_target_passes=int(verify is not None) + int(prefill is not None),
             num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
@@ -85,7 +89,7 @@ class RoundRecord:
             max_k=max((r.k for r in outcome.rows), default=0), query_len=verify.query_len if verify else 0,
             kv_len=verify.kv_len if verify else 0, num_kv_tokens_read=kv_read,
             kv_tokens_in_use=kv_tokens_in_use, kv_tokens_capacity=kv_tokens_capacity,
-            plan_ms=plan.plan_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
+            plan_ms=plan.plan_ms, reuse_ms=outcome.reuse_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
             verify_ms=outcome.verify_ms, commit_ms=commit_ms, warmup_ms=outcome.warmup_ms, round_ms=round_ms,
         )
 
@@ -135,6 +139,7 @@ class RequestRecord:
     num_proposed: int
     num_accepted: int
     num_preemptions: int
+    num_reused_tokens: int  # prompt positions copied from a shared prefix, not computed
 
     @classmethod
     def of(cls, row: Row, worker_id: int, finished_s: float) -> RequestRecord:
@@ -147,7 +152,7 @@ class RequestRecord:
             arrival_s=row.arrival_s, admitted_s=row.admitted_s, first_token_s=row.first_token_s,
             finished_s=finished_s, num_rounds=row.num_rounds, num_target_rows=row.num_target_rows,
             num_draft_rows=row.num_draft_rows, num_proposed=row.num_proposed, num_accepted=row.num_accepted,
-            num_preemptions=row.num_preemptions,
+            num_preemptions=row.num_preemptions, num_reused_tokens=row.num_reused_tokens,
         )
 
 

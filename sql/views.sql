@@ -37,12 +37,23 @@ CREATE OR REPLACE VIEW committed_parts AS
 
 CREATE OR REPLACE VIEW results AS SELECT * FROM ledger_table('results');
 
+-- Columns added after the first parts were written read as NULL in older parts (and in jobs whose
+-- parts all predate them): each is declared once here, unioned by name with the parts.
 CREATE OR REPLACE VIEW requests AS
-    SELECT * FROM ledger_table('requests') t
+    WITH t AS (
+        SELECT NULL::BIGINT AS num_reused_tokens WHERE false
+        UNION ALL BY NAME SELECT * FROM ledger_table('requests')
+    )
+    SELECT * FROM t
     WHERE EXISTS (SELECT 1 FROM committed_parts c WHERE c.job_id = t.job_id AND c.part = t.part);
 
 CREATE OR REPLACE VIEW rounds AS
-    SELECT * FROM ledger_table('rounds') t
+    WITH t AS (
+        SELECT NULL::BIGINT AS num_reused_tokens, NULL::BIGINT AS num_padded_prefill_rows,
+               NULL::DOUBLE AS reuse_ms, NULL::DOUBLE AS warmup_ms WHERE false
+        UNION ALL BY NAME SELECT * FROM ledger_table('rounds')
+    )
+    SELECT * FROM t
     WHERE EXISTS (SELECT 1 FROM committed_parts c WHERE c.job_id = t.job_id AND c.part = t.part);
 
 CREATE OR REPLACE VIEW steps AS

@@ -68,7 +68,8 @@ def sim_worker(job_dir: Path, worker_id: int, run_id: str, every_requests: int, 
                                 "scheduler.max_lookahead=4"])
     writer = ledger.PartWriter(job_dir, worker_id, run_id, every_requests, every_s=1e9, durable=False)
     outputs = {r.request_id: (r.num_output_tokens, r.ends_with_eos) for r in requests}
-    engine, clock = build_sim_engine(config, COST, DomainAcceptance(ALPHAS, seed=1), outputs, writer, worker_id)
+    engine, clock = build_sim_engine(config, COST, DomainAcceptance(ALPHAS, seed=1), outputs, writer, worker_id,
+                                     shared_prefixes=True)
     clock.now_s = start_s
     return SimWorker(worker_id, engine, clock, writer)
 

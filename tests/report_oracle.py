@@ -284,7 +284,7 @@ def expected_overhead(jobs: list[Path]) -> list[dict]:
         rounds = rows(job, "rounds")
         if not rounds:
             continue
-        phases = ("plan", "prefill", "draft", "verify", "commit", "warmup")
+        phases = ("plan", "reuse", "prefill", "draft", "verify", "commit", "warmup")
         total = {c: sum(r[c] or 0 for r in rounds) for c in ("round_ms", *(f"{p}_ms" for p in phases))}
         out.append({
             "job_id": job.name,
@@ -299,6 +299,32 @@ def expected_overhead(jobs: list[Path]) -> list[dict]:
     return out
 
 
+def expected_prefix_cache(jobs: list[Path]) -> list[dict]:
+    out = []
+    for job in jobs:
+        requests = [r for r in rows(job, "requests") if r["status"] != "dropped"]
+        rounds = rows(job, "rounds")
+        if not requests or not rounds:
+            continue
+        prompt = sum(r["num_prompt_tokens"] for r in requests)
+        reused = sum(r["num_reused_tokens"] for r in requests)
+        prefilled = sum(r["num_prefill_tokens"] for r in rounds)
+        padded = sum(r["num_padded_prefill_rows"] for r in rounds)
+        prefill_ms, reuse_ms = (sum(r[c] for r in rounds) for c in ("prefill_ms", "reuse_ms"))
+        out.append({
+            "job_id": job.name, "num_requests": len(requests),
+            "hit_rate": sum(r["num_reused_tokens"] > 0 for r in requests) / len(requests),
+            "num_prompt_tokens": prompt, "num_reused_tokens": reused, "num_prefill_tokens": prefilled,
+            "reused_share": reused / prompt, "prefilled_share": prefilled / prompt,
+            "prefill_ms_per_token": prefill_ms / prefilled if prefilled else None,
+            "reuse_ms_per_token": reuse_ms / reused if reused else None,
+            "engine_ms_saved": reused * prefill_ms / prefilled - reuse_ms if prefilled else None,
+            "prefill_share": prefill_ms / sum(r["round_ms"] for r in rounds),
+            "prefill_padding_share": padded / (prefilled + padded) if prefilled + padded else None,
+        })
+    return out
+
+
 EXPECTED = {
     "throughput_vs_cost": expected_throughput,
     "latency": expected_latency,
@@ -309,4 +335,5 @@ EXPECTED = {
     "acceptance_over_time": expected_over_time,
     "worker_balance": expected_worker_balance,
     "scheduler_overhead": expected_overhead,
+    "prefix_cache": expected_prefix_cache,
 }

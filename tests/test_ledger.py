@@ -36,7 +36,7 @@ def _step(request_id: str = "a") -> StepRecord:
 
 def _request(request_id: str = "a") -> RequestRecord:
     return RequestRecord(
-        request_id, 0, "chat", "completed", "eos", None, 5, 2, 8, 0.0, 1.0, 1.1, None, 2.0, 1, 4, 2, 2, 1, 0
+        request_id, 0, "chat", "completed", "eos", None, 5, 2, 8, 0.0, 1.0, 1.1, None, 2.0, 1, 4, 2, 2, 1, 0, 0
     )
 
 

@@ -34,8 +34,10 @@ EXPECTED_ROUNDS = _schema(
         "num_decode_rows",
         "num_prefill_rows",
         "num_prefill_tokens",
+        "num_reused_tokens",
         "num_target_rows",
         "num_padded_target_rows",
+        "num_padded_prefill_rows",
         "num_draft_rows",
         "num_padded_draft_rows",
         "num_target_passes",
@@ -51,7 +53,8 @@ EXPECTED_ROUNDS = _schema(
         "kv_tokens_in_use",
         "kv_tokens_capacity",
     ),
-    *_required(_F64, "plan_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "warmup_ms", "round_ms"),
+    *_required(_F64, "plan_ms", "reuse_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "warmup_ms",
+               "round_ms"),
 )
 
 EXPECTED_STEPS = _schema(
@@ -82,6 +85,7 @@ EXPECTED_REQUESTS = _schema(
         "num_proposed",
         "num_accepted",
         "num_preemptions",
+        "num_reused_tokens",
     ),
 )
 

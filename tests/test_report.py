@@ -122,6 +122,7 @@ def test_build_report_writes_tables_plots_and_html(jobs: list[Path], tmp_path: P
     assert [p.name for p in pngs] == [
         "acceptance_by_position.png",
         "latency_cdf.png",
+        "prefix_cache.png",
         "round_timeline.png",
         "throughput_vs_cost.png",
     ]
@@ -197,3 +198,23 @@ def test_a_source_checkout_reads_the_top_level_sql():
     """One copy of the queries: `sql/` at the repository's top, read in place (a wheel carries a copy)."""
     assert report.sql_dir() == REPO / "sql"
     assert (report.sql_dir() / "views.sql").is_file()
+
+
+def test_the_prefix_cache_query_sees_the_fake_jobs_copies(fake_jobs: list[Path]) -> None:
+    """The fake jobs' prompts share their first tokens, so the query is checked on real copies."""
+    con = report.connect(fake_jobs)
+    rows = report.run_query(con, "prefix_cache").records()
+    assert rows and all(row["num_reused_tokens"] > 0 and 0 < row["hit_rate"] <= 1 for row in rows)
+
+
+def test_parts_written_before_a_column_existed_read_it_as_null(tmp_path: Path, fake_jobs: list[Path]) -> None:
+    import pyarrow.parquet as pq
+
+    old = tmp_path / fake_jobs[0].name
+    shutil.copytree(fake_jobs[0], old)
+    for table, column in (("rounds", "reuse_ms"), ("rounds", "num_reused_tokens"), ("requests", "num_reused_tokens")):
+        for part in (old / table).glob("*.parquet"):
+            pq.write_table(pq.read_table(part).drop_columns([column]), part)
+    con = report.connect([old])
+    assert report.run_query(con, "prefix_cache").records()[0]["num_reused_tokens"] is None
+    assert report.run_query(con, "scheduler_overhead").records()[0]["reuse_share"] == 0

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbatch import ledger
+from specbatch.quarantine import damaged_parts
 from specbatch.report.plots import PLOTS
 from specbatch.storage import ObjectStorage, is_url, join, location_name, open_storage
 
@@ -40,6 +41,7 @@ QUERIES: dict[str, str] = {  # file stem -> title, in report order
     "acceptance_over_time": "Acceptance over time",
     "worker_balance": "Worker balance",
     "scheduler_overhead": "Scheduler overhead",
+    "prefix_cache": "Shared prefixes",
 }
 DATA_QUERIES = ("round_timeline", "latency_samples")  # plot inputs, not printed
 _GLOB_CHARS = frozenset("*?[]{},\\")  # sql/views.sql splits job_dir at ',' and globs each path
@@ -98,8 +100,12 @@ def connect(
                               f"or a list ({''.join(special)!r}); rename or move it")
         try:
             committed = ledger.committed_parts(job_dir)
+            damaged = damaged_parts(job_dir, committed)
         except Exception as error:  # an object store that cannot be reached or read
             raise ReportError(f"cannot read {job_dir}: {error}") from error
+        for name, key in damaged.items():
+            log.warning("%s: leaving out part %s (%s is damaged; the job's next run re-runs it)", job_dir, name, key)
+        committed = [name for name in committed if name not in damaged]
         if not committed:
             raise ReportError(f"{job_dir}: no committed parts (results/*.parquet); nothing to report")
         parts += [join(job_dir, "{table}", name + ledger.PART_SUFFIX) for name in committed]

@@ -137,9 +137,30 @@ def round_timeline(results: Results, out_dir: Path) -> Path:
     return _save(fig, out_dir / "round_timeline.png")
 
 
+def prefix_cache(results: Results, out_dir: Path) -> Path:
+    """Prompt positions per job: copied from a shared prefix, computed, and padding in prefill passes."""
+    rows = results["prefix_cache"].records()
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
+    jobs = [r["job_id"] for r in rows]
+    bottom = np.zeros(len(rows))
+    for column, label in (("num_reused_tokens", "copied (shared prefix)"), ("num_prefill_tokens", "computed")):
+        values = np.nan_to_num(_num([r[column] for r in rows]))
+        ax.bar(jobs, values, bottom=bottom, label=label)
+        bottom += values
+    ax.set(title="prompt positions: copied vs computed", ylabel="positions")
+    if rows:
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20)
+    else:
+        _empty(ax, "requests")
+    return _save(fig, out_dir / "prefix_cache.png")
+
+
 PLOTS: tuple[Callable[[Results, Path], Path], ...] = (
     throughput_vs_cost,
     latency_cdf,
     acceptance_by_position,
     round_timeline,
+    prefix_cache,
 )

@@ -75,12 +75,18 @@ class SimOptions:
     records_per_part: int = 20_000  # records buffered per worker before a part is written (memory)
     overwrite: bool = False  # replace a job directory that already has parts
     timing_noise: float = 0.0  # σ of log round speed, seeded per worker (SimBackend); 0: rounds take their price
+    # prompts open with one of `num_prefixes` shared blocks of this many tokens (request i takes block
+    # i mod num_prefixes), then a part of their own; 0: no two prompts share anything
+    shared_prefix_tokens: int = 0
+    num_prefixes: int = 1
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.step_sample_every < 0 or self.records_per_part < 1:
             raise ValueError("need workers >= 1, step_sample_every >= 0, records_per_part >= 1")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.shared_prefix_tokens < 0 or self.num_prefixes < 1:
+            raise ValueError("need shared_prefix_tokens >= 0 and num_prefixes >= 1")
         if self.timing_noise < 0:
             raise ValueError(f"timing_noise must be >= 0, got {self.timing_noise}")
         if self.deadline_s is not None and not self.deadline_s > 0:
@@ -130,7 +136,8 @@ def simulate(
     state = _State([], options, sim_max_context(config) - 1, progress=progress)
     sampled = None if options.step_sample_every == 1 else state.sampled
     state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model,
-                                options.timing_noise) for w in range(options.workers)]
+                                options.timing_noise, options.shared_prefix_tokens > 0)
+                     for w in range(options.workers)]
     state.in_busy = [False] * options.workers
     collector = SummaryCollector(len(requests), math.ceil(options.warmup_fraction * len(requests)))
     _event_loop(state, requests, config, collector)
@@ -175,9 +182,7 @@ def _to_row(request: SyntheticRequest, index: int, params: SamplingParams, promp
             state: _State, collector: SummaryCollector) -> Row:
     if params.max_new_tokens != request.max_new_tokens:
         params = SamplingParams(request.max_new_tokens, params.temperature, params.top_p)
-    prompt = prompts.get(request.num_prompt_tokens)
-    if prompt is None:
-        prompt = prompts[request.num_prompt_tokens] = [SIM_TOKEN_ID] * request.num_prompt_tokens
+    prompt = _prompt(request.num_prompt_tokens, index, prompts, state.options)
     row = Row(request.request_id, prompt, params, request.domain, request.arrival_s)
     if index < collector.num_warmup:
         row.metadata = WARMUP_METADATA
@@ -186,6 +191,19 @@ def _to_row(request: SyntheticRequest, index: int, params: SamplingParams, promp
     if step_every > 1 and index % step_every == 0:
         state.sampled.add(row.request_id)
     return row
+
+
+def _prompt(num_tokens: int, index: int, prompts: dict[int, list[int]], options: SimOptions) -> list[int]:
+    """Filler tokens, one list per length (nothing mutates prompt_ids); with shared prefixes, request
+    `index`'s block (token -1 - block) and then a token of its own, so it shares exactly the block."""
+    shared = min(options.shared_prefix_tokens, num_tokens - 1)
+    if shared <= 0:
+        prompt = prompts.get(num_tokens)
+        if prompt is None:
+            prompt = prompts[num_tokens] = [SIM_TOKEN_ID] * num_tokens
+        return prompt
+    block = -1 - index % options.num_prefixes
+    return [block] * shared + [SIM_TOKEN_ID + 1 + index] + [SIM_TOKEN_ID] * (num_tokens - shared - 1)
 
 
 def _dispatch(state: _State, row: Row, collector: SummaryCollector) -> None:

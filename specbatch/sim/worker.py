@@ -71,12 +71,17 @@ def build_sim_engine(
     worker_id: int = 0,
     scheduler_cost: CostModel | None = None,
     timing_noise: float = 0.0,
+    shared_prefixes: bool = False,
 ) -> tuple[Engine, VirtualClock]:
     """An `Engine` whose backend and clock are simulated; everything else is the real thing.
 
     `cost` is the simulated truth (round times, each scaled by a seeded factor where `timing_noise`
     is set: `SimBackend`); `scheduler_cost` is what the scheduler and its policies believe, by
-    default the config's, exactly as the real engine's scheduler is built."""
+    default the config's, exactly as the real engine's scheduler is built. Prefix reuse
+    (`cache.prefix`) runs only where the rows' prompts model `shared_prefixes`: without, every
+    simulated prompt is the same filler token and would match every other whole."""
+    if not shared_prefixes:
+        config = config.model_copy(update={"cache": config.cache.model_copy(update={"prefix": False})})
     context = sim_max_context(config)
     slot_len = context + config.max_lookahead + 1
     buckets = job_buckets(config)
@@ -158,10 +163,11 @@ def new_worker(
     sampled_steps: set[str] | None,
     scheduler_cost: CostModel | None = None,
     timing_noise: float = 0.0,
+    shared_prefixes: bool = False,
 ) -> SimWorker:
     """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
     writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
     recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
     engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost,
-                                     timing_noise)
+                                     timing_noise, shared_prefixes)
     return SimWorker(worker_id, engine, clock, writer)
