@@ -112,6 +112,8 @@ def simulate(
     seed: Annotated[int, typer.Option(help="random seed (same seed, same jobs)")] = 0,
     timing_noise: Annotated[float, typer.Option(min=0.0, help="σ of each round's log speed (a shared host's "
                                                 "round-to-round swings); 0: every round takes its price")] = 0.0,
+    shared_prefix: Annotated[str, typer.Option(help="TOKENS[:PREFIXES]: prompts open with one of PREFIXES shared "
+                                               "blocks of TOKENS tokens (cache.prefix copies them); 0: none")] = "0",
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
 ) -> None:
     """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
@@ -121,9 +123,12 @@ def simulate(
 
     try:
         job_config = load_config(config, set_)
+        tokens, _, num_prefixes = shared_prefix.partition(":")
+        options = SimOptions(timing_noise=timing_noise, shared_prefix_tokens=int(tokens),
+                             num_prefixes=int(num_prefixes or 1))
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
                                   output, seed=seed, acceptance=acceptance, cost_model=cost_model,
-                                  options=SimOptions(timing_noise=timing_noise), console=console)
+                                  options=options, console=console)
     except (ConfigError, ValueError, FileNotFoundError) as error:
         fail(str(error))
     console.print(f"comparison: {study.comparison_md}")
