@@ -8,6 +8,8 @@ file is written last, so its existence is the commit point of the whole part. Re
 (`committed_request_ids`, `read_table`, `sql/views.sql`) only count a part whose results file
 exists. Every part writes all four files, even empty ones, so that
 `read_parquet('JOB/<table>/*.parquet')` finds a file for every table of a job that committed anything.
+A file that is not valid Parquet (damaged on disk: empty, truncated) is skipped by every reader with a
+warning, so its part's requests count as not done; `specbatch.quarantine` moves such parts aside.
 
 Each table's schema is derived from its record in `specbatch.records`; the ledger adds no column.
 """
@@ -172,7 +174,9 @@ def committed_request_ids(job_dir: Location | Storage, statuses: Iterable[str] |
     ids: set[str] = set()
     storage = _storage(job_dir)
     for name in committed_parts(storage):
-        table = storage.read_parquet(part_key("results", name), columns=columns)
+        table = read_part(storage, part_key("results", name), columns=columns)
+        if table is None:
+            continue
         if wanted is None:
             ids.update(table.column("request_id").to_pylist())
             continue
@@ -213,8 +217,21 @@ def read_table(job_dir: Location | Storage, table: str) -> pa.Table:
     storage = _storage(job_dir)
     present = set(storage.names(table, PART_SUFFIX))
     names = [name for name in committed_parts(storage) if name + PART_SUFFIX in present]
-    tables = [storage.read_parquet(part_key(table, name), schema=schema) for name in names]
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    tables = [read_part(storage, part_key(table, name), schema=schema) for name in names]
+    whole = [t for t in tables if t is not None]
+    return pa.concat_tables(whole) if whole else schema.empty_table()
+
+
+def read_part(storage: Storage, key: str, columns: list[str] | None = None,
+              schema: pa.Schema | None = None) -> pa.Table | None:
+    """One part file, or None (and a warning) when it is not valid Parquet. An I/O error is raised:
+    only a file known to be damaged may count as absent."""
+    try:
+        return storage.read_parquet(key, columns=columns, schema=schema)
+    except pa.ArrowInvalid as error:
+        log.warning("skipping damaged part file %s (%s); the next run of the job moves its part to "
+                    "quarantine/ and runs its requests again", storage.url(key), error)
+        return None
 
 
 def parse_part_name(name: str) -> tuple[int, str, int]:
@@ -244,7 +261,9 @@ def retire_cancelled_results(job_dir: Location | Storage, capacity_drops: bool =
     storage = _storage(job_dir)
     for name in committed_parts(storage):
         key = part_key("results", name)
-        table = storage.read_parquet(key, schema=RESULTS_SCHEMA)
+        table = read_part(storage, key, schema=RESULTS_SCHEMA)
+        if table is None:
+            continue
         retire = pc.equal(table.column("status"), "cancelled")
         if capacity_drops:
             capacity = pc.is_in(table.column("drop_reason"), pa.array(sorted(RERUN_DROP_REASONS)))

@@ -123,8 +123,20 @@ class Storage:
         """Names (not keys) of the files directly in `folder` ending with `suffix`, sorted; [] if none."""
         raise NotImplementedError
 
+    def sizes(self, folder: str, suffix: str = "") -> dict[str, int]:
+        """Size in bytes of each file `names(folder, suffix)` lists, from the listing itself."""
+        raise NotImplementedError
+
     def read_bytes(self, key: str) -> bytes:
         """The object's bytes; `FileNotFoundError` if it does not exist."""
+        raise NotImplementedError
+
+    def read_tail(self, key: str, num_bytes: int) -> bytes | None:
+        """The last `num_bytes` of a file where that costs a seek (a local disk); None elsewhere."""
+        return None
+
+    def move(self, key: str, new_key: str) -> None:
+        """Move `key` to `new_key` (a rename on a disk, a copy and a delete on an object store)."""
         raise NotImplementedError
 
     def read_text(self, key: str) -> str:
@@ -188,8 +200,26 @@ class LocalStorage(Storage):
             return []
         return sorted(p.name for p in directory.iterdir() if p.name.endswith(suffix) and p.is_file())
 
+    def sizes(self, folder: str, suffix: str = "") -> dict[str, int]:
+        directory = self._path(f"{folder}/-").parent
+        if not directory.is_dir():
+            return {}
+        with os.scandir(directory) as entries:
+            return {e.name: e.stat(follow_symlinks=False).st_size for e in entries
+                    if e.name.endswith(suffix) and e.is_file(follow_symlinks=False)}
+
     def read_bytes(self, key: str) -> bytes:
         return (self.root / key).read_bytes()
+
+    def read_tail(self, key: str, num_bytes: int) -> bytes | None:
+        with open(self._path(key), "rb") as file:
+            file.seek(max(0, os.fstat(file.fileno()).st_size - num_bytes))
+            return file.read(num_bytes)
+
+    def move(self, key: str, new_key: str) -> None:
+        target = self._path(new_key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(key), target)
 
     @contextmanager
     def open_write(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
@@ -268,8 +298,23 @@ class ObjectStorage(Storage):
         names = (entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry["type"] == "file")
         return sorted(name for name in names if name.endswith(suffix))
 
+    def sizes(self, folder: str, suffix: str = "") -> dict[str, int]:
+        path = self._path(folder)
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        sizes = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("size") or 0)
+                 for entry in entries if entry["type"] == "file"}
+        return {name: size for name, size in sizes.items() if name.endswith(suffix)}
+
     def read_bytes(self, key: str) -> bytes:
         return bytes(self.fs.cat_file(self._path(key)))
+
+    def move(self, key: str, new_key: str) -> None:
+        self.fs.copy(self._path(key), self._path(new_key))
+        self.delete(key)
 
     @contextmanager
     def open_write(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:

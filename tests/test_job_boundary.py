@@ -3,15 +3,20 @@ outside it; a damaged part never wedges a job."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from test_ledger import _request, _result, _round, _step
 
 from specbatch import ledger
 from specbatch.job.inputs import JobError
 from specbatch.job.lock import job_lock
 from specbatch.job.manifest import append_part, manifest_lock
+from specbatch.quarantine import damaged_parts, quarantine_damaged_parts
 from specbatch.storage import LinkInJobError, open_storage
 
 
@@ -58,3 +63,69 @@ def test_local_storage_never_writes_or_deletes_through_a_link(tmp_path):
     with pytest.raises(LinkInJobError):
         append_part(job_dir, "part-w00-r-00000")
     assert victim.read_text() == "keep me"
+
+
+def _commit_parts(job_dir: Path, request_ids: list[str]) -> list[str]:
+    writer = ledger.PartWriter(job_dir, worker_id=0, run_id="r1", durable=False)
+    names = []
+    for request_id in request_ids:
+        writer.add_round(_round())
+        writer.add_step(_step(request_id))
+        writer.add_request(_request(request_id))
+        writer.add_result(_result(request_id))
+        names.append(writer.flush())
+    return names
+
+
+def test_damaged_parts_are_skipped_by_readers_then_quarantined(tmp_path, caplog):
+    from specbatch.report import connect
+
+    job_dir = tmp_path / "j"
+    first, emptied, truncated = _commit_parts(job_dir, ["a", "b", "c"])
+    ledger.part_path(job_dir, "results", emptied).write_bytes(b"")  # a zero-byte results file
+    rounds = ledger.part_path(job_dir, "rounds", truncated)
+    rounds.write_bytes(rounds.read_bytes()[:-20])  # a truncated rounds file
+    assert ledger.committed_request_ids(job_dir) == {"a", "c"}  # b's part counts as absent: b runs again
+    assert ledger.read_table(job_dir, "rounds").num_rows == 2 and "skipping damaged part file" in caplog.text
+    assert damaged_parts(job_dir) == {emptied: f"results/{emptied}.parquet", truncated: f"rounds/{truncated}.parquet"}
+    con = connect([job_dir])  # the report leaves both parts out instead of failing in DuckDB
+    assert con.execute("SELECT list(request_id ORDER BY request_id) FROM results").fetchone()[0] == ["a"]
+
+    assert sorted(quarantine_damaged_parts(job_dir)) == sorted([emptied, truncated])
+    assert ledger.committed_parts(job_dir) == [first] and ledger.committed_request_ids(job_dir) == {"a"}
+    quarantine = job_dir / "quarantine"
+    moved = sorted(p.relative_to(quarantine).as_posix() for p in quarantine.rglob("*.parquet"))
+    assert moved == sorted(f"{table}/{name}.parquet" for table in ledger.TABLES for name in (emptied, truncated))
+    assert damaged_parts(job_dir) == {} and quarantine_damaged_parts(job_dir) == []
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specbatch.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_a_damaged_part_wedges_nothing_status_report_and_resume(tmp_path, tiny_pair):
+    from specbatch.config import load_config
+    from specbatch.job.flow import run_workers
+    from specbatch.job.prepare import prepare
+
+    target, draft, _ = tiny_pair
+    ids = [f"r{i}" for i in range(6)]
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("".join(json.dumps({"id": i, "prompt": "def add(a, b):", "max_new_tokens": 3}) + "\n"
+                               for i in ids))
+    job_dir = tmp_path / "job"
+    prepare(dataset, job_dir, load_config(None, [f"models.target={target}", f"models.draft={draft}",
+                                                 "drafter.kind=draft", "io.part_every_requests=2",
+                                                 "scheduler.max_batch_rows=2"]))
+    run_workers.fn(str(job_dir))
+    names = ledger.committed_parts(job_dir)
+    assert len(names) >= 2
+    ledger.part_path(job_dir, "results", names[0]).write_bytes(b"")
+    ledger.part_path(job_dir, "rounds", names[1]).write_bytes(b"")
+    for command in (("status", str(job_dir)), ("report", str(job_dir))):
+        done = _cli(*command, cwd=tmp_path)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    run_workers.fn(str(job_dir))  # the resume moves both parts aside and runs their requests again
+    assert sorted(ledger.read_table(job_dir, "results").column("request_id").to_pylist()) == ids
+    assert {p.stem for p in (job_dir / "quarantine" / "results").iterdir()} == set(names[:2])

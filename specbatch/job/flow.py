@@ -49,6 +49,7 @@ from specbatch.job.prefect_local import TEMPORARY_SERVER_ENV
 from specbatch.job.prepare import prepare
 from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
 from specbatch.ledger import committed_request_ids, retire_cancelled_results
+from specbatch.quarantine import quarantine_damaged_parts
 from specbatch.storage import is_url, join, location_name, open_storage
 
 FLOW_NAME = "specbatch-job"
@@ -112,6 +113,7 @@ def run_workers(job_dir: str, epoch: int = 0) -> dict | State:
     local = _local_hooks.get() is not None
     hooks = _local_hooks.get() or LocalHooks()
     attempt = _attempt()
+    quarantine_damaged_parts(path)  # their requests run again
     # a stopped or crashed attempt's cancelled rows run again, and requests a run's KV capacity dropped
     retired = retire_cancelled_results(path, capacity_drops=True)
     if retired:
