@@ -59,8 +59,8 @@ def test_cancelled_rows_committed_after_the_retire_step_run_again(harness, tmp_p
         assert flow.specbatch_job(**parameters, return_state=True).is_cancelled()
     retire = flow.retire_cancelled_results
 
-    def retire_then_late_commit(path: Path) -> int:
-        retired = retire(path)
+    def retire_then_late_commit(path: Path, **kwargs: bool) -> int:
+        retired = retire(path, **kwargs)
         _cancel_after_first_round(path, parameters["config"], "killed-run")  # lands after the retire step
         return retired
 
