@@ -263,7 +263,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
             node = child
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as error:
+            problem = " ".join(str(getattr(error, "problem", None) or error).split())
+            raise ConfigError(f"--set {key.strip()}: {raw!r} is not a valid YAML value ({problem})") from None
     return data
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,7 +80,7 @@ def submit(
 
     hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
     try:
-        with _progress_bar(hooks), local_hooks(hooks):
+        with _progress_bar(hooks), local_hooks(hooks), _sigterm_interrupts():
             if server is not None:
                 server.wait_ready()
             state = specbatch_job(**parameters, return_state=True)  # the flow, in this process
@@ -89,6 +90,17 @@ def submit(
     except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
         fail(f"internal failure: {error!r}", EXIT_INTERNAL)
     _exit_as(state, job_dir)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops a submit as Ctrl-C does, at any stage (exit 130): before and after the worker
+    stage it interrupts; during it, the flow's own handler lets the workers commit first."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _absolute(location: str) -> str:
@@ -226,9 +238,11 @@ def status(job: Annotated[str, typer.Argument(help="job id, job directory, or a 
     missing: tuple[type[Exception], ...] = (FileNotFoundError, *usage_errors())
     try:
         manifest = load_manifest(job_dir)
+        summary = summarize(job_dir)
     except missing as error:
         fail(f"no job at {job_dir}: {error}")
-    summary = summarize(job_dir)
+    except Exception as error:  # an object store without credentials, unreachable, or refusing access
+        fail(f"cannot read job {job_dir}: {type(error).__name__}: {error}")
     shards = Table(title=f"job {manifest.job_id}: {manifest.status}")
     for column in ("shard", "records", "dropped at ingest", "status", "worker"):
         shards.add_column(column)

@@ -75,6 +75,9 @@ def resolve_dataset(
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"dataset not found: {path}")
+    if not (path.is_file() or path.is_dir()):  # reading a FIFO waits for a writer; a device never ends
+        raise DatasetError(f"dataset {path} is not a regular file or a folder (a FIFO, socket or device); "
+                           "write it to a file first")
     fmt = dataset_format or detect_format(path)
     _check_format(path, fmt)
     mapping = _check_column_map(fmt, column_map or {})
@@ -176,11 +179,19 @@ def _parse_line(position: int, line: bytes) -> RawRecord:
         return RawRecord(position, drop_reason="invalid_json", drop_message=message)
 
 
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
+               (b"\xfd7zXZ\x00", "xz"))
+
+
 def _detect_json_lines(path: Path | str) -> str:
     """`openai_batch` if the first JSON object has `custom_id` and `body`, else `jsonl`."""
     with open_input(path) as file:
-        if file.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+        start = file.read(6)
+        if start[:2] in (b"\xff\xfe", b"\xfe\xff"):
             raise DatasetError(f"{path} is UTF-16 encoded; convert it to UTF-8 JSON Lines")
+        compressed = next((name for magic, name in _COMPRESSED if start.startswith(magic)), None)
+        if compressed is not None:
+            raise DatasetError(f"{path} is {compressed}-compressed; decompress it to JSON Lines first")
         file.seek(0)
         head = islice(_lines(file, MAX_RECORD_BYTES), _PEEK_LINES)
         lines = (line for line in head if line and line.strip())

@@ -36,7 +36,10 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
     """Create or resume a job directory (a local path or an object-store URL); ingest the dataset
     into shards if not done yet."""
     manifest = load_manifest(job_dir) if has_manifest(job_dir) else None
-    if manifest is not None:  # a resume needs not repeat --format / --column
+    if manifest is not None:  # a resume needs not repeat --format / --column, and may not change them
+        if column_map and column_map != manifest.dataset.column_map:
+            raise JobError(f"--column {column_map} differs from job {location_name(job_dir)}'s "
+                           f"{manifest.dataset.column_map}: its shards were cut with that mapping; use a new --job-id")
         dataset_format = dataset_format or manifest.dataset.format
         column_map = column_map or manifest.dataset.column_map or None
     source = resolve_dataset(str(dataset), dataset_format, column_map)

@@ -1,0 +1,88 @@
+"""Unusable input is refused with one `error:` line and exit 2, a stop is exit 130 at any stage, and
+nothing hangs (issue 36): bad `--set` YAML, a FIFO or a compressed file as the dataset, a changed
+`--column` on a resume, `status` of an object-store job without credentials, SIGTERM during ingest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from job_helpers import write_config, write_jsonl
+
+from specbatch.config import ConfigError, load_config
+from specbatch.data.ingest import DatasetError, resolve_dataset
+from specbatch.job.inputs import JobError
+
+
+def _cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specbatch.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def _one_error_line(done: subprocess.CompletedProcess, code: int = 2) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code and len(lines) == 1 and lines[0].startswith("error:"), done.stdout + done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("override", ["seed=[1,", "models.target=a: b: c"])
+def test_a_set_value_that_is_not_yaml_is_a_config_error(override):
+    with pytest.raises(ConfigError, match="is not a valid YAML value"):
+        load_config(None, [override])
+
+
+def test_bad_set_yaml_through_the_cli_is_one_line_and_exit_2(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    assert "seed" in _one_error_line(_cli("submit", str(data), "--set", "seed=[1,", cwd=tmp_path))
+
+
+def test_a_fifo_dataset_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "prompts.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DatasetError, match="not a regular file or a folder"):
+        resolve_dataset(str(fifo))
+
+
+def test_a_compressed_file_named_jsonl_is_refused(tmp_path):
+    packed = tmp_path / "prompts.jsonl"
+    packed.write_bytes(gzip.compress(b'{"prompt": "hi"}\n'))
+    with pytest.raises(DatasetError, match="gzip-compressed; decompress it"):
+        resolve_dataset(str(packed))
+
+
+def test_status_of_an_object_store_job_without_credentials_is_one_line(tmp_path):
+    no_credentials = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "",
+                      "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                      "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "FSSPEC_S3"))}
+    env.update({key: value for key, value in no_credentials.items() if value})
+    done = subprocess.run([sys.executable, "-m", "specbatch.cli", "status", "s3://bucket/jobs/j"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120, env={**env, "COLUMNS": "200"})
+    assert "s3://bucket/jobs/j" in _one_error_line(done)
+
+
+def test_a_changed_column_map_on_resume_is_refused(tmp_path, tiny_pair):
+    from specbatch.job.prepare import prepare
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "hi", "question": "why"}])
+    target, draft, _ = tiny_pair
+    config = load_config(None, [f"models.target={target}", f"models.draft={draft}"])
+    prepare(data, tmp_path / "j", config, column_map={"prompt": "text"})
+    prepare(data, tmp_path / "j", config)  # a resume need not repeat --column
+    with pytest.raises(JobError, match="differs from job j's"):
+        prepare(data, tmp_path / "j", config, column_map={"prompt": "question"})
+
+
+@pytest.mark.slow  # one submit that boots Prefect's local server (~20 s on 2 cores)
+def test_sigterm_during_ingest_exits_130(tmp_path, tiny_pair):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": "hi", "max_new_tokens": 2} for i in range(3)])
+    config = write_config(tmp_path, tiny_pair)
+    done = _cli("submit", str(data), "--config", str(config), "--job-id", "t", "--output", str(tmp_path / "out"),
+                cwd=tmp_path, env={"SPECBATCH_CRASH_AT": "ingest_shard:1:TERM"}, timeout=300)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert json.loads((tmp_path / "out" / "t" / "manifest.json").read_text())["status"] == "ingesting"
