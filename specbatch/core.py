@@ -139,6 +139,15 @@ class RoundPlan:
     # shared-prefix KV copied into rows before this round's passes (`sched/prefix_cache.py`); the rows'
     # num_computed already counts it, so prefill chunks start after it
     reuse: list[PrefixCopy] = field(default_factory=list)
+    # the prefill chunks as passes, each padded only to its own longest chunk (`sched.packing.prefill_passes`);
+    # empty: one pass of every chunk
+    prefill_passes: list[list[tuple[Row, int]]] = field(default_factory=list)
+
+    def prefill_pass_work(self) -> list[list[tuple[Row, int]]]:
+        """The prefill chunks of each prefill pass, in pass order."""
+        if self.prefill_passes:
+            return self.prefill_passes
+        return [self.prefill] if self.prefill else []
 
     def drafted_k(self, row: Row, k: int) -> int:
         """Tokens the drafter drafts for a decode row planned at k: 1 for the probe, else k."""
@@ -243,7 +252,7 @@ class RowOutcome:
 @dataclass
 class RoundOutcome:
     rows: list[RowOutcome] = field(default_factory=list)
-    prefill_shape: PassShape | None = None
+    prefill_shapes: list[PassShape] = field(default_factory=list)  # one per prefill pass
     verify_shape: PassShape | None = None
     proposals: Proposals | None = None
     num_draft_prefill_rows: int = 0  # > 0: the draft cache was filled alongside the prefill chunks

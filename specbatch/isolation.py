@@ -53,6 +53,7 @@ def _sub_plan(plan: RoundPlan, rows: list[Row], first: bool) -> RoundPlan:
     either half's passes (copying a prefix again is harmless)."""
     wanted = {id(row) for row in rows}
     probe = plan.probe if id(plan.probe) in wanted else None
+    passes = [[item for item in work if id(item[0]) in wanted] for work in plan.prefill_passes]
     return RoundPlan([item for item in plan.prefill if id(item[0]) in wanted],
                      [item for item in plan.decode if id(item[0]) in wanted], plan.plan_ms if first else 0.0,
-                     plan.draft_prefill, probe, plan.reuse if first else [])
+                     plan.draft_prefill, probe, plan.reuse if first else [], [work for work in passes if work])

@@ -66,12 +66,13 @@ class RoundRecord:
            started_s: float, kv_tokens_in_use: int, kv_tokens_capacity: int, commit_ms: float,
            round_ms: float) -> RoundRecord:
         """The record of a round that ran `plan` to `outcome` and committed `num_committed` tokens."""
-        verify, prefill, proposals = outcome.verify_shape, outcome.prefill_shape, outcome.proposals
+        verify, prefills, proposals = outcome.verify_shape, outcome.prefill_shapes, outcome.proposals
         num_prefill_tokens = sum(size for _, size in plan.prefill)
         num_real_verify = verify.num_real_positions if verify else 0
-        padded = (verify.num_padded_positions if verify else 0) + (prefill.num_padded_positions if prefill else 0)
+        prefill_padded = sum(shape.num_padded_positions for shape in prefills)
+        padded = (verify.num_padded_positions if verify else 0) + prefill_padded
         num_draft_rows = (proposals.num_draft_rows if proposals else 0) + outcome.num_draft_prefill_rows
-        kv_read = (verify.num_kv_tokens_read if verify else 0) + (prefill.num_kv_tokens_read if prefill else 0)
+        kv_read = (verify.num_kv_tokens_read if verify else 0) + sum(shape.num_kv_tokens_read for shape in prefills)
         rows = {id(row) for row, _ in plan.decode} | {id(row) for row, _ in plan.prefill}
         return cls(
             worker_id=worker_id, round_index=round_index, started_s=started_s,
@@ -79,9 +80,9 @@ class RoundRecord:
             num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
             num_prefill_tokens=num_prefill_tokens, num_reused_tokens=sum(copy.num_tokens for copy in plan.reuse),
             num_target_rows=num_real_verify + num_prefill_tokens, num_padded_target_rows=padded,
-            num_padded_prefill_rows=prefill.num_padded_positions if prefill else 0, num_draft_rows=num_draft_rows,
+            num_padded_prefill_rows=prefill_padded, num_draft_rows=num_draft_rows,
             num_padded_draft_rows=proposals.num_padded_draft_rows if proposals else 0,
-            num_target_passes=int(verify is not None) + int(prefill is not None),
+            num_target_passes=int(verify is not None) + len(prefills),
             num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
             num_proposed=sum(len(r.proposed) for r in outcome.rows),
             num_accepted=sum(r.num_accepted for r in outcome.rows),

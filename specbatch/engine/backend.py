@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from specbatch.core import Proposals, RoundOutcome, RoundPlan, Row, RowOutcome, Status
+from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome, Status
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import Drafter
 from specbatch.engine.forward import SlotModel
@@ -87,12 +87,9 @@ class HFBackend:
         self._arrange_slots([row for row, _ in plan.decode])
         if plan.prefill:
             started = time.perf_counter()
-            rows = [row for row, _ in plan.prefill]
-            chunks = [row.token_ids[row.num_computed : row.num_computed + size] for row, size in plan.prefill]
-            slots = self._slots(rows)
-            _, outcome.prefill_shape = self.target.forward(slots, [r.num_computed for r in rows], chunks,
-                                                           keep_logits=False)
-            self._observe(rows, [r.num_computed for r in rows], [len(chunk) for chunk in chunks])
+            for work in plan.prefill_pass_work():
+                outcome.prefill_shapes.append(self._prefill(work))
+            slots = self._slots([row for row, _ in plan.prefill])
             if plan.draft_prefill:
                 self._sync()
                 draft_started = time.perf_counter()
@@ -135,6 +132,14 @@ class HFBackend:
             self.cache.copy_slot(source, slot, copy.end, copy.start)
             if self.draft_cache is not None and copy.draft_end > copy.draft_start:
                 self.draft_cache.copy_slot(source, slot, copy.draft_end, copy.draft_start)
+
+    def _prefill(self, work: list[tuple[Row, int]]) -> PassShape:
+        """One target prefill pass over these rows' chunks."""
+        rows, starts = [row for row, _ in work], [row.num_computed for row, _ in work]
+        chunks = [row.token_ids[row.num_computed : row.num_computed + size] for row, size in work]
+        _, shape = self.target.forward(self._slots(rows), starts, chunks, keep_logits=False)
+        self._observe(rows, starts, [len(chunk) for chunk in chunks])
+        return shape
 
     def _slots(self, rows: list[Row]) -> list[int]:
         return [self.slot_of[row.request_id] for row in rows]

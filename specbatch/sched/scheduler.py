@@ -19,7 +19,7 @@ from specbatch.records import RoundRecord, ms_since
 from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import AcceptanceStats
-from specbatch.sched.packing import Packer
+from specbatch.sched.packing import Packer, prefill_passes
 from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
 from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sched.queues import WaitQueue
@@ -191,6 +191,9 @@ class Scheduler:
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s, held_back)
+        if len(plan.prefill) > 1:
+            cost = self.ctx.round_cost.cost
+            plan.prefill_passes = prefill_passes(plan.prefill, cost.target_passes / max(cost.target_rows, 1e-9))
         plan.probe = self.draft.probe_row(plan)
         self.ctx.observe_plan(plan, len(self.running))
         self.draft.observe_plan(plan, self.ctx.round_cost)

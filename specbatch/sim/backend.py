@@ -102,7 +102,8 @@ class SimBackend:
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         outcome = RoundOutcome()
         if plan.prefill:
-            outcome.prefill_shape, outcome.num_draft_prefill_rows = self._prefill(plan.prefill, plan.draft_prefill)
+            outcome.prefill_shapes = [self._prefill_shape(work) for work in plan.prefill_pass_work()]
+            outcome.num_draft_prefill_rows = self._draft_prefill_rows(plan.prefill, plan.draft_prefill)
         if plan.decode:
             starts = [plan.computed_after_prefill(row) for row, _ in plan.decode]
             drafted = [(row, plan.drafted_k(row, k)) for row, k in plan.decode]
@@ -112,13 +113,15 @@ class SimBackend:
         self.clock.advance((outcome.prefill_ms + outcome.draft_ms + outcome.verify_ms) / 1000)
         return outcome
 
-    def _prefill(self, work: list[tuple[Row, int]], draft_prefill: bool) -> tuple[PassShape, int]:
+    def _prefill_shape(self, work: list[tuple[Row, int]]) -> PassShape:
         sizes = [size for _, size in work]
-        shape = self._pass_shape(len(work), max(row.num_computed for row, _ in work), max(sizes), sum(sizes))
+        return self._pass_shape(len(work), max(row.num_computed for row, _ in work), max(sizes), sum(sizes))
+
+    def _draft_prefill_rows(self, work: list[tuple[Row, int]], draft_prefill: bool) -> int:
+        """The drafter's cache is filled alongside, up to the same end."""
         if not self.uses_draft_model or not draft_prefill:
-            return shape, 0
-        # the drafter's cache is filled alongside, up to the same end
-        return shape, sum(row.num_computed + size - row.num_draft_computed for row, size in work)
+            return 0
+        return sum(row.num_computed + size - row.num_draft_computed for row, size in work)
 
     def _draft(self, decode: list[tuple[Row, int]], starts: list[int], alongside: bool) -> Proposals:
         """Counts of the passes `DraftModelDrafter.propose` runs: pass 0 feeds each speculating
@@ -182,8 +185,8 @@ class SimBackend:
         prefill = verify = draft = 0.0
         draft_prefill = (c.draft_passes + c.draft_rows * outcome.num_draft_prefill_rows
                          if outcome.num_draft_prefill_rows else 0.0)
-        if outcome.prefill_shape is not None:
-            prefill = _pass_ms(c, outcome.prefill_shape) + draft_prefill
+        if outcome.prefill_shapes:
+            prefill = sum(_pass_ms(c, shape) for shape in outcome.prefill_shapes) + draft_prefill
         if outcome.verify_shape is not None:
             verify = _pass_ms(c, outcome.verify_shape)
         if (proposals := outcome.proposals) is not None:
