@@ -51,8 +51,10 @@ def summarize(job_dir: Location) -> JobSummary:
                       counts["cancelled"], sum(r["num_output_tokens"] or 0 for r in results), reasons)
 
 
-def finalize(job_dir: Location) -> JobSummary:
-    """Export results.jsonl (and an OpenAI batch output file) and record the job's status."""
+def finalize(job_dir: Location, stopped: bool = False) -> JobSummary:
+    """Export results.jsonl (and an OpenAI batch output file) and record the job's status: `done`
+    when complete, `cancelled` when `stopped` (even before any row was cancelled) or rows ended
+    cancelled, else `running` (what is left runs on resume)."""
     summary = summarize(job_dir)
     manifest = load_manifest(job_dir)
     if summary.is_complete:  # every cancelled row left ran again since; keep them out of the exports
@@ -60,7 +62,8 @@ def finalize(job_dir: Location) -> JobSummary:
     export_results_jsonl(job_dir)
     if manifest.dataset.format == "openai_batch":
         export_openai_output(job_dir)
-    status: JobStatus = "done" if summary.is_complete else ("cancelled" if summary.num_cancelled else "running")
+    status: JobStatus = "done" if summary.is_complete else (
+        "cancelled" if stopped or summary.num_cancelled else "running")
 
     def change(m: Manifest) -> None:
         m.status = status
@@ -69,6 +72,15 @@ def finalize(job_dir: Location) -> JobSummary:
 
     update_manifest(job_dir, change)
     return summary
+
+
+def mark_failed(job_dir: Location) -> None:
+    """Record that a run of the job failed (its error is in error.log); a resume runs it again."""
+
+    def change(m: Manifest) -> None:
+        m.status = "failed"
+
+    update_manifest(job_dir, change)
 
 
 def export_results_jsonl(job_dir: Location) -> str:

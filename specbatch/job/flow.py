@@ -40,7 +40,7 @@ from specbatch.config import ConfigError, JobConfig, load_config
 from specbatch.data.ingest import DatasetError
 from specbatch.engine.model_paths import ModelLoadError
 from specbatch.fences import epoch_run_id
-from specbatch.job.finalize import DONE_STATUSES, JobSummary, finalize
+from specbatch.job.finalize import DONE_STATUSES, JobSummary, finalize, mark_failed
 from specbatch.job.inputs import JobError, check_inputs, check_job_id, default_job_id
 from specbatch.job.launch import LaunchResult, choose_launcher, launch_workers, stop_on_signals
 from specbatch.job.lock import LeaseLostError, check_epoch, job_lock
@@ -191,7 +191,7 @@ def finalize_job(job_dir: str, workers: dict | None = None, epoch: int = 0) -> d
     """Export results, record the job's status, and publish a markdown summary artifact (not after the
     job's lease was lost: the new holder finalizes)."""
     check_epoch(job_dir, epoch)
-    summary = finalize(job_dir)
+    summary = finalize(job_dir, stopped=bool((workers or {}).get("stopped")))
     outcome = {**(workers or {}), **summary_to_dict(summary)}  # the job's counts win over this run's
     if TaskRunContext.get() is not None:  # not when `.fn()` is called outside a run
         create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_id),
@@ -264,9 +264,14 @@ def _unusable(message: str) -> State:
 
 
 def _write_error_log(job_dir: str) -> None:
+    """error.log, and the manifest's status `failed` (a failed resume of a done job is not done)."""
     storage = open_storage(job_dir)
     if storage.exists("manifest.json"):
         storage.write_bytes("error.log", traceback.format_exc().encode())
+        try:
+            mark_failed(job_dir)
+        except Exception:  # the error being reported matters more than its status line
+            logging.getLogger(__name__).warning("could not mark %s failed", job_dir, exc_info=True)
 
 
 def _attempt() -> int:

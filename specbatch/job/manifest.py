@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
 from specbatch.faults import crash_point
+from specbatch.ledger import parse_part_name
 from specbatch.storage import Location, fsync_dir, is_url, open_input, open_no_follow, open_storage
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
 JOURNAL_NAME = "manifest.parts.log"
+MANIFEST_MODE = 0o644  # as the job's other files under the usual umask
 _VERSIONED_PACKAGES = ("specbatch", "torch", "transformers", "tokenizers", "datasets", "pyarrow")
 _CHUNK_BYTES = 1 << 20
 
@@ -182,10 +184,18 @@ def _journaled_parts(job_dir: Location, known: list[str]) -> list[str]:
     seen = set(known)
     added: list[str] = []
     for name in text.split("\n")[:-1]:
-        if name and name not in seen:
+        if _is_part_name(name) and name not in seen:  # a garbage line is not a part
             seen.add(name)
             added.append(name)
     return added
+
+
+def _is_part_name(name: str) -> bool:
+    try:
+        parse_part_name(name)
+    except ValueError:
+        return False
+    return True
 
 
 def save_manifest(job_dir: Location, manifest: Manifest) -> None:
@@ -203,6 +213,7 @@ def save_manifest(job_dir: Location, manifest: Manifest) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=job_dir, prefix=".manifest.", suffix=".tmp")
     try:
+        os.fchmod(fd, MANIFEST_MODE)  # mkstemp makes it 0600
         with os.fdopen(fd, "w", encoding="utf-8") as file:
             file.write(manifest.model_dump_json(indent=2))
             file.flush()
@@ -223,6 +234,9 @@ def update_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | N
         changed = change(manifest)
         manifest = manifest if changed is None else changed
         save_manifest(job_dir, manifest)
+        if not is_url(job_dir):  # a save killed before its rename left its temporary file; none runs now
+            for stale in Path(job_dir).glob(".manifest.*.tmp"):
+                stale.unlink(missing_ok=True)
         return manifest
 
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# drops whose request id is the positional `rec-...` the ingest gave a line without a usable custom_id
+_NO_CUSTOM_ID = frozenset({"missing_custom_id", "invalid_id", "duplicate_id", "invalid_json", "invalid_utf8",
+                           "record_too_large", "not_an_object"})
 
 
 def output_line(result: dict[str, Any], endpoint: str | None, index: int) -> dict[str, Any]:
+    """One output line; `custom_id` is null for an input line that had none of its own (a missing,
+    invalid or duplicated custom_id, or a line that is not an object): never an id the input lacks."""
     request_id = result["request_id"]
-    line: dict[str, Any] = {"id": f"batch_req_{index:09d}", "custom_id": request_id, "response": None, "error": None}
+    own_id = not (result["status"] == "dropped" and result["drop_reason"] in _NO_CUSTOM_ID)
+    line: dict[str, Any] = {"id": f"batch_req_{index:09d}", "custom_id": request_id if own_id else None,
+                            "response": None, "error": None}
     if result["status"] == "dropped":
         line["error"] = {"code": result["drop_reason"], "message": result["drop_message"] or result["drop_reason"]}
         return line

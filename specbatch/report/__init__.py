@@ -185,10 +185,15 @@ def markdown_table(result: QueryResult) -> str:
     if not result.rows:
         return "_No rows (nothing of this kind was recorded, e.g. no rounds or no speculation)._\n"
     header, cells = _grid(result)
-    escape = [[c.replace("|", "\\|") for c in row] for row in [header, *cells]]
+    escape = [[_cell(c) for c in row] for row in [header, *cells]]
     lines = ["| " + " | ".join(row) + " |" for row in escape]
     lines.insert(1, "|" + "---|" * len(header))
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell: `|` escaped, a line break written as `\\n` (it would end the row)."""
+    return text.replace("|", "\\|").replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _html_table(result: QueryResult) -> str:
