@@ -3,6 +3,7 @@ outside it; a damaged part never wedges a job."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -129,3 +130,17 @@ def test_a_damaged_part_wedges_nothing_status_report_and_resume(tmp_path, tiny_p
     run_workers.fn(str(job_dir))  # the resume moves both parts aside and runs their requests again
     assert sorted(ledger.read_table(job_dir, "results").column("request_id").to_pylist()) == ids
     assert {p.stem for p in (job_dir / "quarantine" / "results").iterdir()} == set(names[:2])
+
+
+def test_report_replaces_links_planted_at_its_outputs(tmp_path):
+    from rich.console import Console
+
+    from specbatch.report import build_report
+
+    victim, job_dir = _victim(tmp_path), tmp_path / "j"
+    _commit_parts(job_dir, ["a"])
+    for name in ("report.md", "report.html", "latency_cdf.png"):
+        os.symlink(victim, job_dir / name)
+    build_report([job_dir], console=Console(file=io.StringIO()))
+    assert victim.read_text() == "keep me"
+    assert not any((job_dir / name).is_symlink() for name in ("report.md", "report.html", "latency_cdf.png"))

@@ -243,8 +243,9 @@ def build_report(
         console.print(rich_table(result))
     plots = [draw(results, out_dir) for draw in PLOTS]
     report_md = out_dir / "report.md"
-    report_md.write_text(render_markdown(job_dirs, tables, plots))
-    (out_dir / "report.html").write_text(render_html(job_dirs, tables, plots))
+    out = open_storage(out_dir)  # each file written whole and renamed: a planted link is replaced, not followed
+    out.write_bytes("report.md", render_markdown(job_dirs, tables, plots).encode(), durable=False)
+    out.write_bytes("report.html", render_html(job_dirs, tables, plots).encode(), durable=False)
     log.info("wrote %s, report.html and %d plots", report_md, len(plots))
     return report_md
 

@@ -6,6 +6,7 @@ gives a labelled plot that says what is missing, so a report never links a blank
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from specbatch.storage import open_storage
 
 if TYPE_CHECKING:
     from specbatch.report import QueryResult
@@ -35,8 +38,12 @@ LATENCY_METRICS = (
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    """Written whole under a temporary name and renamed: a link planted at `path` is replaced, never
+    followed out of the job directory."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    open_storage(path.parent).write_bytes(path.name, png.getvalue(), durable=False)
     return path
 
 
