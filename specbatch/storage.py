@@ -18,7 +18,7 @@ import io
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from functools import cached_property
 from pathlib import Path
@@ -76,17 +76,18 @@ class LinkInJobError(OSError):
     """A symbolic link inside a local job folder: nothing a job writes or deletes may follow one out."""
 
 
-def links_in(root: Path) -> list[Path]:
-    """Symbolic links directly in `root` or in its folders (not followed), sorted; [] if none. A job
-    folder with any is refused: its links could lead a write or a delete out of it."""
+def links_in(root: Path, folders: Iterable[str]) -> list[Path]:
+    """Symbolic links directly in `root` or in its `folders` (not followed), sorted; [] if none. A
+    job folder with any is refused: its links could lead a write or a delete out of it."""
     if not root.is_dir():
         return []
     found: list[Path] = []
+    inner_folders = set(folders)
     with os.scandir(root) as entries:
         for entry in entries:
             if entry.is_symlink():
                 found.append(Path(entry.path))
-            elif entry.is_dir(follow_symlinks=False):
+            elif entry.name in inner_folders and entry.is_dir(follow_symlinks=False):
                 with os.scandir(entry.path) as inner:
                     found += [Path(e.path) for e in inner if e.is_symlink()]
     return sorted(found)

@@ -25,10 +25,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from specbatch.fences import write_fence
+from specbatch.data.shards import SHARDS_FOLDER
+from specbatch.fences import FENCES_FOLDER, write_fence
 from specbatch.job.inputs import JobError
 from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
-from specbatch.ledger import committed_parts
+from specbatch.ledger import TABLES, committed_parts
+from specbatch.quarantine import QUARANTINE_FOLDER
 from specbatch.storage import LinkInJobError, Location, is_url, links_in, location_name, open_no_follow, open_storage
 
 LOCK_NAME = ".job.lock"
@@ -96,7 +98,7 @@ def check_epoch(job_dir: Location, epoch: int) -> None:
 def check_no_links(job_dir: Path) -> None:
     """A job folder is a boundary: refuse one with symbolic links in it (a planted `.job.lock`,
     `results.jsonl.tmp` or `rounds/` link would make a run write or delete outside it)."""
-    links = links_in(job_dir)
+    links = links_in(job_dir, (*TABLES, SHARDS_FOLDER, QUARANTINE_FOLDER, FENCES_FOLDER, "logs"))
     if links:
         shown = ", ".join(f"{link.relative_to(job_dir)} -> {os.readlink(link)}" for link in links[:3])
         raise JobError(f"job directory {job_dir} contains symbolic links ({shown}{', ...' if len(links) > 3 else ''}); "
