@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix, shared_length
+from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix, copy_order, shared_length
 
 
 @dataclass(eq=False)
@@ -81,7 +81,10 @@ def test_a_finished_row_s_prefix_is_kept_in_its_slot_until_evicted():
     later = Holder("b", SHARED + [5])
     reuse, wait = cache.plan(later)
     assert reuse is not None and isinstance(reuse.holder, RetainedPrefix) and reuse.end == 40 and not wait
-    assert cache.claim_slot(later, [0, 3, 5]) == 3  # its copy is then a no-op
+    cache.pin_sources([reuse])
+    assert cache.claim_slot(Holder("x", [8] * 40), [3, 5]) == 5  # another row's copy reads slot 3
+    assert cache.claim_slot(later, [0, 3]) == 3  # its copy is then a no-op
+    cache.pin_sources([])
     assert cache.plan(later) == (None, False) and len(cache.index) == 0  # the slot is the row's now
     cache.register(done)
     cache.retain(done, slot=3)
@@ -107,62 +110,71 @@ def histories(draw):
     return prompts, events
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(histories(), st.sampled_from([4, 16]), st.booleans())
 def test_reuse_never_reads_a_stale_or_foreign_position_and_every_row_finishes(history, block_size, eagle):
-    """Rows are simulated as slots of token ids: a reuse copies the holder's slot, and every
-    position a row ever holds must be its own prompt's token (nothing stale, nothing foreign)."""
+    """Rounds as the engine runs them, on slots of token ids: admit (register), plan every copy,
+    claim slots for the admitted rows, run the copies in `copy_order`, then the passes write. Every
+    position a row ever holds must be its own prompt's token: nothing stale, nothing foreign."""
     prompts, events = history
     cache = PrefixCache(block_size, uses_draft_cache=True, draft_from_target_features=eagle)
-    slots: dict[int, list[int | None]] = {}  # slot -> the token whose KV each position holds
+    num_slots = 3
+    slots: dict[int, list[int | None]] = {slot: [None] * 64 for slot in range(num_slots)}
     rows = [Holder(f"r{i}", prompt) for i, prompt in enumerate(prompts)]
     slot_of: dict[str, int] = {}
-    waiting = list(rows)
+    waiting, running = list(rows), []
 
-    def admit() -> None:
-        while waiting and len(slot_of) < 3:
-            row = waiting.pop(0)
-            slot = cache.claim_slot(row, [s for s in range(4) if s not in slot_of.values()])
-            slot_of[row.request_id] = slot
-            slots.setdefault(slot, [None] * 64)
+    def source_and_destination(copy) -> tuple[int, int]:
+        holder = copy.holder
+        source = holder.slot if isinstance(holder, RetainedPrefix) else slot_of[holder.request_id]
+        return source, slot_of[copy.row.request_id]
+
+    def round_(finish_one: int | None, evict: int | None) -> None:
+        admitted = []
+        while waiting and len(running) < num_slots:
+            admitted.append(row := waiting.pop(0))
+            running.append(row)
             cache.register(row)
-
-    def step(row: Holder) -> None:
-        reuse, wait = cache.plan(row)
-        slot = slots[slot_of[row.request_id]]
-        if reuse is not None:
-            holder = reuse.holder
-            source = slots[holder.slot if isinstance(holder, RetainedPrefix) else slot_of[holder.request_id]]
-            assert shared_length(row.prompt_ids, holder.prompt_ids) >= reuse.end
-            slot[reuse.start : reuse.end] = source[reuse.start : reuse.end]
-            row.num_computed = reuse.end
-            row.num_draft_computed = max(row.num_draft_computed, reuse.draft_end)
-        if not wait and row.num_computed < len(row.prompt_ids) - 1:
-            end = min(row.num_computed + 5, len(row.prompt_ids) - 1)
-            slot[row.num_computed : end] = row.prompt_ids[row.num_computed : end]
-            row.num_computed = row.num_draft_computed = end
-        assert slot[: row.num_computed] == row.prompt_ids[: row.num_computed]
-
-    def finish(row: Holder) -> None:
-        slot = slot_of.pop(row.request_id)
-        cache.retain(row, slot)
+        copies, held_back = [], set()
+        for row in running:
+            if row.num_computed < len(row.prompt_ids) - 1:
+                copy, wait = cache.plan(row)
+                if copy is not None:
+                    copies.append(copy)
+                    row.num_computed = copy.end
+                    row.num_draft_computed = max(row.num_draft_computed, copy.draft_end)
+                if wait:
+                    held_back.add(row.request_id)
+        cache.pin_sources(copies)
+        for row in admitted:
+            taken = set(slot_of.values())
+            slot_of[row.request_id] = cache.claim_slot(row, [s for s in range(num_slots) if s not in taken])
+        for copy in copy_order(copies, source_and_destination):
+            source, destination = source_and_destination(copy)
+            assert shared_length(copy.row.prompt_ids, copy.holder.prompt_ids) >= copy.end
+            slots[destination][copy.start : copy.end] = slots[source][copy.start : copy.end]
+        for row in running:  # the passes: a chunk of 5, or garbage past the end for a row held back
+            slot = slots[slot_of[row.request_id]]
+            if row.request_id not in held_back and row.num_computed < len(row.prompt_ids) - 1:
+                end = min(row.num_computed + 5, len(row.prompt_ids) - 1)
+                slot[row.num_computed : end] = row.prompt_ids[row.num_computed : end]
+                row.num_computed = row.num_draft_computed = end
+            slot[row.num_computed] = -1  # the verify pass writes its pending token's position
+            assert slot[: row.num_computed] == row.prompt_ids[: row.num_computed]
+        if evict is not None and cache.retained:
+            cache.evict_slot(sorted(cache.retained)[evict % len(cache.retained)])
+        for row in list(running):
+            done = row.num_computed >= len(row.prompt_ids) - 1
+            if done and (finish_one is None or row is running[finish_one % len(running)]):
+                running.remove(row)
+                slot = slot_of.pop(row.request_id)
+                slots[slot][row.num_computed] = None  # the pending token's position is not the prompt's
+                cache.retain(row, slot)
 
     for kind, index in events + [("drain", 0)] * 200:
-        admit()
-        running = [row for row in rows if row.request_id in slot_of]
-        if not running:
+        if not waiting and not running:
             break
-        row = running[index % len(running)]
-        if kind == "evict" and cache.retained:
-            cache.evict_slot(sorted(cache.retained)[index % len(cache.retained)])
-        elif kind == "finish" and row.num_computed >= len(row.prompt_ids) - 1:
-            finish(row)
-        else:
-            for running_row in running:
-                step(running_row)
-            for running_row in running:
-                if running_row.num_computed >= len(running_row.prompt_ids) - 1:
-                    finish(running_row)
-    assert not waiting and not slot_of  # every row ran to the end: waiting never deadlocked
+        round_(index if kind == "finish" else None, index if kind == "evict" else None)
+    assert not waiting and not running  # every row ran to the end: waiting never deadlocked
     for slot, kept in cache.retained.items():
         assert slots[slot][: kept.num_computed] == kept.prompt_ids[: kept.num_computed]

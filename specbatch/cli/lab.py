@@ -39,6 +39,15 @@ def bench(
     = Path(".peer/vllm"),
     repeats: Annotated[int, typer.Option(min=1, help="runs of every configuration, interleaved; each row is "
                                          "the median run")] = 1,
+    workload: Annotated[str, typer.Option(help="heldout | shared-prefix (few-shot, system prompt + chat turn, "
+                                               "document + question, interleaved) | fewshot | chat | document")]
+    = "heldout",
+    prefix_tokens: Annotated[int, typer.Option(min=1, help="a shared-prefix workload's shared block")] = 560,
+    suffix_tokens: Annotated[int, typer.Option(min=1, help="a shared-prefix workload's own part per prompt, "
+                                                     "at most")] = 24,
+    num_prefixes: Annotated[int, typer.Option(min=1, help="distinct shared blocks per kind, rows interleaved")] = 3,
+    prefix_cache: Annotated[str, typer.Option(help="run specbatch (and the peer) with prefix reuse on, off, "
+                                                   "or both: on,off")] = "on",
 ) -> None:
     """Benchmark specbatch against HF generate and HF assisted generation, or its own policies."""
     if suite == "policies":
@@ -53,6 +62,7 @@ def bench(
     if suite != "engine":
         fail("--suite must be engine or policies")
     from specbatch.lab.bench import run_bench, write_json
+    from specbatch.lab.workloads import WorkloadSize
 
     try:
         batch_sizes = tuple(int(size) for size in batch_size.split(","))
@@ -65,7 +75,9 @@ def bench(
     try:
         results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
                             tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file,
-                            _names(drafters), _names(lookahead), peer, peer_venv, repeats)
+                            _names(drafters), _names(lookahead), peer, peer_venv, repeats, workload,
+                            WorkloadSize(prefix_tokens, suffix_tokens, num_prefixes, max_new_tokens),
+                            _names(prefix_cache))
     except usage_errors() as error:
         fail(str(error))
     if json_path is not None:

@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import torch
 
-from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome, Status
+from specbatch.core import PassShape, PrefixCopy, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome, Status
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import Drafter
 from specbatch.engine.forward import SlotModel
 from specbatch.engine.sampling import accept_greedy
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.records import ms_since
-from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix
+from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix, copy_order
 
 
 class HFBackend:
@@ -123,15 +123,19 @@ class HFBackend:
     def _copy_prefixes(self, plan: RoundPlan) -> None:
         """Copy each planned shared prefix into its row's slot, before any pass or slot move of the
         round: a kept slot handed to a new row this round still holds its prefix until then."""
-        for copy in plan.reuse:
-            holder = copy.holder
-            source = holder.slot if isinstance(holder, RetainedPrefix) else self.slot_of[holder.request_id]
-            slot = self.slot_of[copy.row.request_id]
+        for copy in copy_order(plan.reuse, self._copy_slots):
+            source, slot = self._copy_slots(copy)
             if source == slot:
                 continue  # admitted into the slot that keeps its prefix
             self.cache.copy_slot(source, slot, copy.end, copy.start)
             if self.draft_cache is not None and copy.draft_end > copy.draft_start:
                 self.draft_cache.copy_slot(source, slot, copy.draft_end, copy.draft_start)
+
+    def _copy_slots(self, copy: PrefixCopy) -> tuple[int, int]:
+        """A copy's source and destination slots."""
+        holder = copy.holder
+        source = holder.slot if isinstance(holder, RetainedPrefix) else self.slot_of[holder.request_id]
+        return source, self.slot_of[copy.row.request_id]
 
     def _prefill(self, work: list[tuple[Row, int]]) -> PassShape:
         """One target prefill pass over these rows' chunks."""

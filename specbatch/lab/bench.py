@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
-from specbatch.config import JobConfig, LookaheadSpec, load_config
+from specbatch.config import ConfigError, JobConfig, LookaheadSpec, load_config
 from specbatch.core import Row
 from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
@@ -36,8 +36,11 @@ from specbatch.engine.eagle import load_head
 from specbatch.engine.graphs import use_compile_cache
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
+from specbatch.lab.workloads import WORKLOADS, WorkloadSize, shared_prefix_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
+
+NO_REUSE = "-noreuse"  # a row's name suffix with cache.prefix off
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class Work:
     num_decode_rows: int  # verified rows; each commits its accepted drafts + one more token
     num_proposed: int = 0
     num_accepted: int = 0
+    num_prefill_tokens: int = 0  # prompt positions computed
+    num_reused_tokens: int = 0  # prompt positions copied from a shared prefix
+    num_padded_prefill_rows: int = 0  # of num_padded_target_rows, in prefill passes
 
     @classmethod
     def of_rounds(cls, rounds: list[RoundRecord]) -> Work:
@@ -70,6 +76,8 @@ class Work:
             "padded_target_rows_per_token": self.num_padded_target_rows / tokens,
             "padded_share": self.num_padded_target_rows / max(computed, 1),
             "acceptance": self.num_accepted / self.num_proposed if self.num_proposed else None,
+            "prefill_padding_share": (self.num_padded_prefill_rows / prefill if (prefill := self.num_prefill_tokens
+                                      + self.num_padded_prefill_rows) else None),
         }
 
 
@@ -86,6 +94,9 @@ class BenchResult:
     padded_target_rows_per_token: float | None = None
     padded_share: float | None = None
     acceptance: float | None = None  # accepted / proposed
+    prefilled_share: float | None = None  # prompt positions computed / prompt positions (the rest copied or pending)
+    prefill_padding_share: float | None = None  # padded positions / positions of the prefill passes
+    ratio_vs_no_reuse: float | None = None  # to the same row with cache.prefix off (--prefix-cache on,off)
     alpha: float | None = None  # per-token α: of the drafts the rule reached, the share accepted
     tokens_per_pass: float | None = None
     tokens_per_pass_theory: float | None = None
@@ -238,6 +249,7 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
     result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - capture_s, work,
                           theory)
     result.warmup_s, result.alpha = warmup_s, alpha
+    result.prefilled_share = work.num_prefill_tokens / max(sum(row.num_prompt_tokens for row in rows), 1)
     if job_prompts:
         scale = job_prompts / len(rows)
         result.tokens_per_s_job = result.num_tokens * scale / (result.wall_s * scale + warmup_s)
@@ -249,10 +261,17 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
               job_prompts: int = 2000, prompts_file: Path | None = None,
               drafters: tuple[str, ...] = ("none", "eagle", "draft", "ngram"), lookaheads: tuple[str, ...] = (),
-              peer: str | None = None, peer_venv: Path = Path(".peer/vllm"), repeats: int = 1) -> list[BenchResult]:
-    """Every configuration (drafter × lookahead; `lookaheads` empty: the config's) at every batch size
-    (a grid), on the same prompts and references: the held-out ones, or the first `num_prompts`
-    records of `prompts_file` that a job would run; each row the median of `repeats` interleaved runs."""
+              peer: str | None = None, peer_venv: Path = Path(".peer/vllm"), repeats: int = 1,
+              workload: str = "heldout", workload_size: WorkloadSize | None = None,
+              prefix_cache: tuple[str, ...] = ("on",)) -> list[BenchResult]:
+    """Every configuration (drafter × lookahead × prefix reuse on/off; `lookaheads` empty: the config's)
+    at every batch size (a grid), on the same prompts and references: the held-out ones, a workload
+    whose prompts share prefixes (`lab/workloads.py`), or the first `num_prompts` records of
+    `prompts_file` that a job would run; each row the median of `repeats` interleaved runs."""
+    if not prefix_cache or set(prefix_cache) - {"on", "off"}:
+        raise ConfigError(f"--prefix-cache takes on, off or on,off, not {','.join(prefix_cache)!r}")
+    if workload not in WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
     console = console or Console()
     for mode, drafter, lookahead in product(graphs, drafters, lookaheads or ("",)):  # bad input fails first
         load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
@@ -267,6 +286,12 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         if not prompts:
             raise DatasetError(f"{prompts_file}: no record a job would run ({num_dropped} dropped)")
         source = f"{prompts_file} ({num_dropped} records dropped as a job would drop them)"
+    elif workload != "heldout":
+        size = workload_size or WorkloadSize(max_new_tokens=max_new_tokens)
+        prompts = shared_prefix_prompts(workload, models.tokenizer, num_prompts, size, seed=base.seed)
+        source = (f"workload {workload}: {size.num_prefixes} prefix(es) per kind of ~{size.prefix_tokens} tokens, "
+                  f"interleaved, then <= {size.suffix_tokens} of each prompt's own, "
+                  f"max_new_tokens {size.max_new_tokens}")
     else:
         prompts = heldout_prompts(models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
         source = f"held-out code and prose, max_new_tokens 16..{max_new_tokens}"
@@ -277,7 +302,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         run_engine(base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": "draft"}),
                                            "models": base.models.model_copy(update={"graphs": "eager"})}),
                    models, prompts[: max(batch_sizes)])
-    runs = [(drafter, lookahead) for drafter in drafters for lookahead in (lookaheads or ("",))
+    runs = [(drafter, lookahead, reuse) for drafter in drafters for lookahead in (lookaheads or ("",))
+            for reuse in prefix_cache
             if drafter != "none" or lookahead == (lookaheads or ("",))[0]]  # without drafts lookahead is moot
     results: list[BenchResult] = []
     for batch_size in sorted(batch_sizes):
@@ -297,7 +323,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         console.print(f"[bold]peer[/] vLLM, modes {', '.join(d for d in PEER_MODES if d in drafters or d == 'none')}, "
                       f"k = {k}, one engine per batch size and mode (start-up timed apart)")
         try:
-            peer_results = run_vllm(base, models, prompts, tuple(sorted(batch_sizes)), drafters, k, peer_venv)
+            peer_results = run_vllm(base, models, prompts, tuple(sorted(batch_sizes)), drafters, k, peer_venv,
+                                    prefix_caching=tuple(reuse == "on" for reuse in prefix_cache))
         except (PeerError, subprocess.TimeoutExpired) as error:
             console.print(f"[red]peer failed[/]: {error}")
             return results
@@ -312,7 +339,9 @@ def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> li
     none_outputs = {r.batch_rows: r.outputs for r in results if r.name == "specbatch-none"}
     rows = []
     for run in peer["results"]:
-        name, batch = f"vllm-{run['mode']}" + (f"-k{k}" if run["mode"] != "none" else ""), run["batch_rows"]
+        name = (f"vllm-{run['mode']}" + (f"-k{k}" if run["mode"] != "none" else "")
+                + ("" if run.get("prefix_caching", True) else NO_REUSE))
+        batch = run["batch_rows"]
         if "error" in run:
             rows.append(BenchResult(name=name, batch_rows=batch, tokens_per_s=0.0, exact_match=0.0, num_prompts=0,
                                     num_tokens=0, wall_s=0.0, error=run["error"]))
@@ -336,7 +365,7 @@ def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> li
 
 
 def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], refs: dict, config_path: Path | None,
-                 overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str]], job_prompts: int,
+                 overrides: list[str], graphs: tuple[str, ...], runs: list[tuple[str, str, str]], job_prompts: int,
                  repeats: int = 1) -> list[BenchResult]:
     """One batch size's rows: hf-generate, then specbatch with each (drafter, lookahead) in each graph
     mode, each with its ratios to hf-generate and specbatch-none at this batch size. With `repeats`,
@@ -346,14 +375,15 @@ def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], re
     configurations: list[tuple[str, Callable[[], BenchResult]]] = [
         ("hf-generate", lambda: _hf_generate_row(models, prompts, refs, batch_size))]
     for mode in graphs:
-        for drafter, lookahead in runs:
+        for drafter, lookahead, reuse in runs:
             if (drafter == "draft" and models.draft is None) or (drafter == "eagle" and models.eagle is None):
                 continue
             config = load_config(config_path, [*overrides, f"scheduler.max_batch_rows={batch_size}",
                                                f"drafter.kind={drafter}", f"models.graphs={mode}",
+                                               f"cache.prefix={reuse == 'on'}",
                                                *([f"scheduler.lookahead={lookahead}"] if lookahead else [])])
             label = drafter + (f"-{lookahead}" if lookahead and drafter != "none" else "")
-            name = f"specbatch-{label}" + ("" if mode == "eager" else f"-{mode}")
+            name = f"specbatch-{label}" + ("" if mode == "eager" else f"-{mode}") + ("" if reuse == "on" else NO_REUSE)
             configurations.append((name, partial(_engine_row, name, config, mode, models, prompts, refs, job_prompts)))
     runs_of: dict[str, list[BenchResult]] = {name: [] for name, _ in configurations}
     for _ in range(repeats):
@@ -367,6 +397,8 @@ def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], re
             result.ratio_vs_eager = result.tokens_per_s_job / eager.tokens_per_s
     none_rate = by_name["specbatch-none"].tokens_per_s if "specbatch-none" in by_name else None
     for result in results:
+        without = by_name.get(result.name + NO_REUSE)
+        result.ratio_vs_no_reuse = result.tokens_per_s / without.tokens_per_s if without is not None else None
         result.batch_rows, result.num_runs = batch_size, repeats
         result.ratio_vs_hf_generate = result.tokens_per_s / results[0].tokens_per_s
         result.ratio_vs_none = result.tokens_per_s / none_rate if none_rate else None
@@ -402,6 +434,8 @@ COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("
            "ratio_vs_none": ("× none", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
            "target_passes_per_token": ("passes/tok", ".3f"), "target_rows_per_token": ("rows/tok", ".3f"),
            "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"), "alpha": ("α", ".3f"),
+           "prefilled_share": ("prefilled", ".3f"), "prefill_padding_share": ("pf pad", ".3f"),
+           "ratio_vs_no_reuse": ("× no reuse", ".3f"),
            "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
            "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
            "ratio_vs_eager": ("× eager", ".3f"), "ratio_vs_peer": ("× peer", ".3f"),

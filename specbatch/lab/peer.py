@@ -37,8 +37,9 @@ def check_venv(venv: Path) -> Path:
 
 def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batch_sizes: tuple[int, ...],
              drafters: tuple[str, ...], num_speculative_tokens: int, venv: Path,
-             timeout_s: float = 3600) -> dict:
-    """vLLM's results: {"vllm_version", "results": [{mode, batch_rows, startup_s, wall_s, outputs | error}]}."""
+             timeout_s: float = 3600, prefix_caching: tuple[bool, ...] = (True,)) -> dict:
+    """vLLM's results: {"vllm_version", "results": [{mode, batch_rows, prefix_caching, startup_s, wall_s,
+    outputs | error}]}, each mode with vLLM's automatic prefix caching as `prefix_caching` lists."""
     python = check_venv(venv)
     max_model_len = max_context(config, models)
     modes = [mode for mode in PEER_MODES if (mode in drafters or mode == "none") and request_has(config, mode)]
@@ -54,7 +55,7 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
         # every row at full length, twice over (a head's draft layers, block rounding)
         "kv_cache_bytes": max(2 * kv_bytes_per_token(models) * max_model_len * max(batch_sizes), 64 << 20),
         "eos": sorted(eos_token_ids(models)), "batch_sizes": list(batch_sizes),
-        "modes": modes,
+        "modes": modes, "prefix_caching": list(prefix_caching),
         "prompts": [{"request_id": p.request_id, "prompt_ids": list(p.prompt_ids), "max_new_tokens": p.max_new_tokens}
                     for p in prompts],
     }

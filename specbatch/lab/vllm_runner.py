@@ -1,7 +1,8 @@
 """The vLLM peer of `specbatch bench --peer vllm`, run by the peer's own Python (benchmarks/peer/setup_vllm.sh).
 
 Reads a JSON request from `specbatch.lab.peer` (model paths, token-id prompts with their
-max_new_tokens, batch sizes, modes), and for each batch size and mode starts one engine, times its
+max_new_tokens, batch sizes, modes, automatic prefix caching on and/or off), and for each batch size,
+mode and prefix-caching setting starts one engine, times its
 start-up apart, runs every prompt as a `TokensPrompt` (greedy, fp32) and writes token ids and seconds.
 A mode the engine refuses is reported with its error instead of stopping the others. This file
 imports only vLLM and the standard library: the project's venv cannot import vLLM, nor this one specbatch.
@@ -32,7 +33,7 @@ def speculative_config(mode: str, request: dict) -> dict | None:
     raise ValueError(f"unknown peer mode {mode!r}")
 
 
-def run_mode(mode: str, batch_rows: int, request: dict) -> dict:
+def run_mode(mode: str, batch_rows: int, request: dict, prefix_caching: bool = True) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -40,7 +41,7 @@ def run_mode(mode: str, batch_rows: int, request: dict) -> dict:
     llm = LLM(model=request["target"], tokenizer=request["target"], skip_tokenizer_init=True, dtype="float32",
               max_num_seqs=batch_rows, max_model_len=request["max_model_len"],
               kv_cache_memory_bytes=request["kv_cache_bytes"], enforce_eager=request["enforce_eager"],
-              speculative_config=speculative_config(mode, request), seed=0)
+              speculative_config=speculative_config(mode, request), enable_prefix_caching=prefix_caching, seed=0)
     startup_s = time.perf_counter() - started
     prompts = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in request["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=p["max_new_tokens"], stop_token_ids=request["eos"],
@@ -51,7 +52,8 @@ def run_mode(mode: str, batch_rows: int, request: dict) -> dict:
     wall_s = time.perf_counter() - started
     del llm
     gc.collect()
-    return {"mode": mode, "batch_rows": batch_rows, "startup_s": startup_s, "wall_s": wall_s,
+    return {"mode": mode, "batch_rows": batch_rows, "prefix_caching": prefix_caching, "startup_s": startup_s,
+            "wall_s": wall_s,
             "outputs": {p["request_id"]: list(o.outputs[0].token_ids)
                         for p, o in zip(request["prompts"], outputs, strict=True)}}
 
@@ -61,11 +63,11 @@ def main(request_path: str, result_path: str) -> None:
         request = json.load(file)
     results = []
     for batch_rows in request["batch_sizes"]:
-        for mode in request["modes"]:
+        for mode, caching in ((m, c) for m in request["modes"] for c in request.get("prefix_caching", [True])):
             try:
-                results.append(run_mode(mode, batch_rows, request))
+                results.append(run_mode(mode, batch_rows, request, caching))
             except Exception as error:  # one refused mode (a head it cannot load) must not stop the rest
-                results.append({"mode": mode, "batch_rows": batch_rows,
+                results.append({"mode": mode, "batch_rows": batch_rows, "prefix_caching": caching,
                                 "error": f"{type(error).__name__}: {error}".splitlines()[0][:500],
                                 "traceback": traceback.format_exc()[-4000:]})
             with open(result_path, "w") as file:  # after every run: a crash later keeps what ran

@@ -20,7 +20,7 @@ that computes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -119,6 +119,7 @@ class PrefixCache:
         self.uses_draft_cache = uses_draft_cache
         self.draft_from_target_features = draft_from_target_features
         self.retained: dict[int, RetainedPrefix] = {}  # slot -> the finished row's prefix kept there
+        self.pinned: dict[int, str] = {}  # kept slots this round's copies read -> the copying row's request id
         self._order: dict[int, int] = {}  # id(holder) -> registration number (who waits for whom)
         self._num_registered = 0
 
@@ -152,21 +153,23 @@ class PrefixCache:
         if kept is not None:
             self.forget(kept)
 
+    def pin_sources(self, copies: list[PrefixCopy]) -> None:
+        """Remember which kept slots this round's copies read (and for whom), for `claim_slot`."""
+        self.pinned = {copy.holder.slot: copy.row.request_id for copy in copies
+                       if isinstance(copy.holder, RetainedPrefix)}
+
     def claim_slot(self, row: PrefixHolder, free_slots: list[int]) -> int:
-        """The free slot a newly admitted row takes: the retained one it shares the most computed
-        prefix with (its copy is then a no-op), else one that keeps nothing, else the longest kept.
-        The slot's retained prefix leaves the index at once; its KV stays readable until this
-        round's first pass, after the round's copies, so a copy planned from it still holds."""
-        best, best_len = None, 0
-        for holder, matched in self.matches(row):
-            if (isinstance(holder, RetainedPrefix) and holder.slot in free_slots
-                    and min(matched, holder.num_computed) > best_len):
-                best, best_len = holder.slot, min(matched, holder.num_computed)
-        if best is None:
-            empty = [slot for slot in free_slots if slot not in self.retained]
-            best = min(empty) if empty else next(slot for slot in self.retained if slot in free_slots)
-        self.evict_slot(best)
-        return best
+        """The free slot a newly admitted row takes: the kept slot its own copy reads this round (the
+        copy is then a no-op), else one that keeps nothing, else the kept one kept longest that no
+        copy of this round reads, else (every free slot is read) one another copy reads, which
+        `copy_order` then writes after it is read. The slot's kept prefix leaves the index at once;
+        its KV stays readable until this round's first pass."""
+        mine = [slot for slot in free_slots if self.pinned.get(slot) == row.request_id]
+        empty = [slot for slot in free_slots if slot not in self.retained]
+        kept = [slot for slot in self.retained if slot in free_slots and slot not in self.pinned]
+        slot = (mine or empty or kept or [slot for slot in free_slots if slot in self.pinned])[0]
+        self.evict_slot(slot)
+        return slot
 
     def matches(self, row: PrefixHolder) -> list[tuple[PrefixHolder, int]]:
         """(holder, prompt tokens it shares with `row`) for the holders sharing the most whole
@@ -210,6 +213,15 @@ class PrefixCache:
         if self.draft_from_target_features:
             usable = min(usable, matched - 1, holder.num_draft_computed)
         return max(usable, 0)
+
+
+def copy_order(copies: list[PrefixCopy], slot_of: Callable[[PrefixCopy], tuple[int, int]]) -> list[PrefixCopy]:
+    """This round's copies in an order that reads every slot before a copy writes it: plan order
+    (a row may copy from one that took the same prefix by an earlier copy), except that copies into
+    a slot another copy reads (a kept slot handed to a new row) come last. `slot_of(copy)` is its
+    (source, destination) slot."""
+    sources = {slot_of(copy)[0] for copy in copies}
+    return sorted(copies, key=lambda copy: slot_of(copy)[1] in sources and slot_of(copy)[0] != slot_of(copy)[1])
 
 
 def shared_length(a: Sequence[int], b: Sequence[int]) -> int:

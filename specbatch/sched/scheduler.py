@@ -233,6 +233,7 @@ class Scheduler:
                 row.num_reused_tokens += copy.num_tokens
             if wait and not row.is_decoding:
                 held_back.add(id(row))
+        self.prefix.pin_sources(plan.reuse)
         return held_back
 
     def _plan_prefill(self, plan: RoundPlan, budget: int, now_s: float, held_back: set[int]) -> None:
