@@ -13,7 +13,8 @@ a backend reads rows and returns what it computed as a `RoundOutcome`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import InitVar, dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -50,15 +51,20 @@ class SamplingParams:
 
 @dataclass
 class Row:
-    """One request in the engine: its tokens, how far its KV is computed, status and raw counters."""
+    """One request in the engine: its tokens, how far its KV is computed, status and raw counters.
+    `token_ids` is one list, the prompt then the output as it is committed; `prompt_ids` and
+    `output_ids` are copies cut from it, for readers off the per-round paths."""
 
     request_id: str
-    prompt_ids: list[int]
+    prompt: InitVar[Sequence[int]]  # the prompt's token ids
     params: SamplingParams
     domain: str = ""
     arrival_s: float = 0.0
     status: Status = Status.WAITING
-    output_ids: list[int] = field(default_factory=list)
+    output: InitVar[Sequence[int]] = ()  # output token ids it already has (tests, benchmarks)
+    # prompt then output tokens, one list that the commit step appends to (`sched/stops.py`)
+    token_ids: list[int] = field(init=False)
+    num_prompt_tokens: int = field(init=False)
     num_computed: int = 0  # target KV positions that hold valid entries
     num_draft_computed: int = 0  # draft-model KV positions that hold valid entries
     finish_reason: str | None = None
@@ -80,21 +86,29 @@ class Row:
     accept_history: list[tuple[int, int]] = field(default_factory=list)
     last_k: int = 0
 
+    def __post_init__(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        self.token_ids = [*prompt, *output]
+        self.num_prompt_tokens = len(prompt)
+
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def num_prefill_remaining(self) -> int:
@@ -105,11 +119,11 @@ class Row:
     def is_decoding(self) -> bool:
         """No prefill remains (`num_prefill_remaining` == 0), read without it: a plan asks every
         running row, ~250 times a plan at batch 128."""
-        return self.num_computed >= len(self.prompt_ids) + len(self.output_ids) - 1
+        return self.num_computed >= len(self.token_ids) - 1
 
     @property
     def num_new_tokens_left(self) -> int:
-        return self.params.max_new_tokens - len(self.output_ids)
+        return self.params.max_new_tokens - len(self.token_ids) + self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -175,7 +175,7 @@ class ResultRecord:
     def of(cls, row: Row, text: str | None) -> ResultRecord:
         """The result of a row that is done; `text` its decoded output (None for a dropped row)."""
         return cls(
-            request_id=row.request_id, status=row.status.value, text=text, output_token_ids=list(row.output_ids),
+            request_id=row.request_id, status=row.status.value, text=text, output_token_ids=row.output_ids,
             finish_reason=row.finish_reason, drop_reason=row.drop_reason, drop_message=row.drop_message,
             num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens, domain=row.domain,
             metadata=row.metadata,

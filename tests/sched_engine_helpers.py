@@ -23,8 +23,7 @@ def make_row(request_id: str, num_prompt: int = 8, max_new: int = 32, domain: st
              history: list[tuple[int, int]] | None = None, num_output: int = 0) -> Row:
     """A hand-made row; with num_output, its prompt and output are fully computed (decoding)."""
     row = Row(request_id, list(range(2, 2 + num_prompt)), SamplingParams(max_new_tokens=max_new),
-                   domain=domain, arrival_s=arrival_s)
-    row.output_ids = [7] * num_output
+                   domain=domain, arrival_s=arrival_s, output=[7] * num_output)
     row.accept_history = list(history or [])
     row.num_proposed = sum(k for _, k in row.accept_history)
     row.num_rounds = len(row.accept_history)

@@ -55,7 +55,7 @@ def test_graph_capture_is_timed_apart_and_charged_once_per_job():
     recorder = MemoryRecorder()
     recorder.add_round(_round(warmup_ms=30_000.0, round_ms=30_500.0))
     recorder.add_round(_round(round_ms=500.0))
-    rows = [Row(f"r{index}", [1, 2], SamplingParams(max_new_tokens=10), output_ids=list(range(10)))
+    rows = [Row(f"r{index}", [1, 2], SamplingParams(max_new_tokens=10), output=list(range(10)))
             for index in range(10)]
     refs = {row.request_id: row.output_ids for row in rows}
     result = summarize_engine("specbatch-none-compile", rows, recorder, refs, wall_s=31.0, k=0, job_prompts=1000)

@@ -112,7 +112,7 @@ class HFBackend:
             if plan.probe is not None:
                 proposals.withdraw(next(i for i, row in enumerate(rows) if row is plan.probe))
             started = time.perf_counter()
-            chunks = [[row.token_ids[-1]] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
+            chunks = [[row.last_token] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
             logits, outcome.verify_shape = self.target.forward(slots, starts, chunks)
             assert logits is not None
             self._observe(rows, starts, [len(chunk) for chunk in chunks])

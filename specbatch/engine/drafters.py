@@ -98,7 +98,7 @@ class DraftModelDrafter(NoDrafter):
             # graph modes keep every row in every step, so that the batch stays one slot range (one
             # graph): a row not drafting rides along with one token written past its valid KV, ignored
             batch = range(len(rows)) if self.draft.pad_decode else active
-            fed = [chunks.get(i) or (proposals.tokens[i] or rows[i].token_ids)[-1:] for i in batch]
+            fed = [chunks.get(i) or proposals.tokens[i][-1:] or [rows[i].last_token] for i in batch]
             logits, shape = self.draft.forward([slots[i] for i in batch], [fed_to[i] for i in batch], fed,
                                                last_only=True)
             assert logits is not None

@@ -31,9 +31,11 @@ class PrefixHolder(Protocol):
     """What the index reads of a holder: its prompt and how far its KV is computed."""
 
     request_id: str
-    prompt_ids: list[int]
     num_computed: int
     num_draft_computed: int
+
+    @property
+    def prompt_ids(self) -> list[int]: ...
 
 
 @dataclass(eq=False)

@@ -38,7 +38,7 @@ class StopChecker:
     def commit(self, row: Row, emitted: list[int]) -> int:
         """Append emitted tokens until a stop; returns how many were committed."""
         for count, token in enumerate(emitted, start=1):
-            row.output_ids.append(token)
+            row.token_ids.append(token)
             reason = self._finish_reason(row, token)
             if reason is not None:
                 row.status, row.finish_reason = Status.COMPLETED, reason
@@ -62,14 +62,14 @@ class StopChecker:
     def _hit_stop(self, row: Row) -> bool:
         """Whether the characters the newest token completed finish a stop string."""
         scan = self._scans.setdefault(row.request_id, _TextScan())
-        tokens = row.output_ids
-        seen = self.decode(tokens[scan.prefix_offset : scan.read_offset])
-        text = self.decode(tokens[scan.prefix_offset :])
-        waiting = text.endswith(_INCOMPLETE) and len(tokens) - scan.read_offset < _MAX_CHAR_TOKENS
+        tokens, base = row.token_ids, row.num_prompt_tokens  # offsets count output tokens
+        seen = self.decode(tokens[base + scan.prefix_offset : base + scan.read_offset])
+        text = self.decode(tokens[base + scan.prefix_offset :])
+        waiting = text.endswith(_INCOMPLETE) and row.num_output_tokens - scan.read_offset < _MAX_CHAR_TOKENS
         if len(text) <= len(seen) or waiting:
             return False  # no new complete character yet
         window = scan.tail + text[len(seen) :]  # a new stop ends in the new characters
-        scan.prefix_offset, scan.read_offset = scan.read_offset, len(tokens)
+        scan.prefix_offset, scan.read_offset = scan.read_offset, row.num_output_tokens
         keep = max(len(stop) for stop in row.params.stop) - 1
         scan.tail = window[-keep:] if keep else ""
         return any(stop in window for stop in row.params.stop)

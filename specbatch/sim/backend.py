@@ -134,7 +134,7 @@ class SimBackend:
         for index, ((row, k), start) in enumerate(zip(decode, starts, strict=True)):
             if k > 0:
                 draft_start = RoundPlan.draft_start(row, start, alongside)
-                fed = len(row.prompt_ids) + len(row.output_ids) - draft_start
+                fed = len(row.token_ids) - draft_start
                 num_rows, num_fed, further = num_rows + 1, num_fed + fed, further + k - 1
                 if fed > max_fed:
                     max_fed = fed
@@ -159,7 +159,7 @@ class SimBackend:
             if k >= max_len:
                 max_len = 1 + k
             num_positions += 1 + k
-            request_id, position = row.request_id, len(row.output_ids)
+            request_id, position = row.request_id, len(row.token_ids) - row.num_prompt_tokens
             if log_alphas is None:
                 num_accepted = num_accepted_of(request_id, row.domain, position, k, rngs[request_id])
             else:  # accepted_prefix: X = min(k, floor(ln U / ln α)), U in (0, 1]

@@ -152,7 +152,7 @@ def simulate(
 def _event_loop(state: _State, requests: RequestSource, config: JobConfig, collector: SummaryCollector) -> None:
     params = SamplingParams(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature,
                             top_p=config.sampling.top_p)
-    prompts: dict[int, list[int]] = {}  # shared prompt lists by length: nothing mutates prompt_ids
+    prompts: dict[int, list[int]] = {}  # prompt lists by length, built once (a Row copies its own)
     num, index = len(requests), 0
     upcoming = requests[0] if num else None
     while upcoming is not None or state.busy:
@@ -194,7 +194,7 @@ def _to_row(request: SyntheticRequest, index: int, params: SamplingParams, promp
 
 
 def _prompt(num_tokens: int, index: int, prompts: dict[int, list[int]], options: SimOptions) -> list[int]:
-    """Filler tokens, one list per length (nothing mutates prompt_ids); with shared prefixes, request
+    """Filler tokens, one list per length (a Row copies it into its `token_ids`); with shared prefixes, request
     `index`'s block (token -1 - block) and then a token of its own, so it shares exactly the block."""
     shared = min(options.shared_prefix_tokens, num_tokens - 1)
     if shared <= 0:
