@@ -149,7 +149,7 @@ def test_reuse_never_reads_a_stale_or_foreign_position_and_every_row_finishes(hi
         for row in admitted:
             taken = set(slot_of.values())
             slot_of[row.request_id] = cache.claim_slot(row, [s for s in range(num_slots) if s not in taken])
-        for copy in copy_order(copies, source_and_destination):
+        for copy in copy_order(copies):
             source, destination = source_and_destination(copy)
             assert shared_length(copy.row.prompt_ids, copy.holder.prompt_ids) >= copy.end
             slots[destination][copy.start : copy.end] = slots[source][copy.start : copy.end]

@@ -123,7 +123,7 @@ class HFBackend:
     def _copy_prefixes(self, plan: RoundPlan) -> None:
         """Copy each planned shared prefix into its row's slot, before any pass or slot move of the
         round: a kept slot handed to a new row this round still holds its prefix until then."""
-        for copy in copy_order(plan.reuse, self._copy_slots):
+        for copy in copy_order(plan.reuse):
             source, slot = self._copy_slots(copy)
             if source == slot:
                 continue  # admitted into the slot that keeps its prefix

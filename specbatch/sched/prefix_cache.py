@@ -20,7 +20,7 @@ that computes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -174,17 +174,21 @@ class PrefixCache:
         return slot
 
     def matches(self, row: PrefixHolder) -> list[tuple[PrefixHolder, int]]:
-        """(holder, prompt tokens it shares with `row`) for the holders sharing the most whole
-        blocks with it (the deepest node listing another holder), `row` itself left out."""
+        """(holder, prompt tokens it shares with `row`) for every holder sharing a whole block with
+        it, `row` itself left out. Walked from the deepest node up, each holder met once: one first
+        met at depth d shares d blocks and then at most part of the next, so only that part is
+        compared (O(holders · block) a row)."""
         size = self.index.block_size
-        for depth in range(len(path := self.index.path(row.prompt_ids)), 0, -1):
-            others = [holder for holder in path[depth - 1].holders if holder is not row]
-            if others:
-                known = depth * size  # the first `depth` blocks are equal; compare at most one more
-                tail = row.prompt_ids[known : known + size]
-                return [(holder, known + shared_length(tail, holder.prompt_ids[known : known + size]))
-                        for holder in others]
-        return []
+        found: dict[int, tuple[PrefixHolder, int]] = {id(row): (row, 0)}
+        path = self.index.path(row.prompt_ids)
+        for depth in range(len(path), 0, -1):
+            known = depth * size
+            tail = row.prompt_ids[known : known + size]
+            for holder in path[depth - 1].holders:
+                if id(holder) not in found:
+                    found[id(holder)] = (holder, known + shared_length(tail, holder.prompt_ids[known : known + size]))
+        del found[id(row)]
+        return list(found.values())
 
     def plan(self, row: Row) -> tuple[PrefixCopy | None, bool]:
         """For a row with prefill left: the copy to make now, if any, and whether it should then
@@ -217,13 +221,14 @@ class PrefixCache:
         return max(usable, 0)
 
 
-def copy_order(copies: list[PrefixCopy], slot_of: Callable[[PrefixCopy], tuple[int, int]]) -> list[PrefixCopy]:
-    """This round's copies in an order that reads every slot before a copy writes it: plan order
-    (a row may copy from one that took the same prefix by an earlier copy), except that copies into
-    a slot another copy reads (a kept slot handed to a new row) come last. `slot_of(copy)` is its
-    (source, destination) slot."""
-    sources = {slot_of(copy)[0] for copy in copies}
-    return sorted(copies, key=lambda copy: slot_of(copy)[1] in sources and slot_of(copy)[0] != slot_of(copy)[1])
+def copy_order(copies: list[PrefixCopy]) -> list[PrefixCopy]:
+    """This round's copies in the order that gives every copy what it was planned on: first those
+    from kept slots, which want the slot as it was kept (a new row may be writing into it this round),
+    then those from running rows, in plan order, which want the holder's KV after its own copy of
+    this round where it had one (a row may copy from one that took the prefix by an earlier copy).
+    A new row takes the kept slot its own copy reads, so no copy from a kept slot writes into a
+    slot another such copy reads."""
+    return sorted(copies, key=lambda copy: not isinstance(copy.holder, RetainedPrefix))
 
 
 def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
