@@ -117,3 +117,27 @@ def test_rows_joining_and_leaving_mid_run_reuse_exactly(tiny_pair, references):
             engine.step()
     assert_exact(rows, refs)
     assert sum(row.num_reused_tokens for row in rows.values()) > 0
+
+
+@pytest.mark.parametrize(("drafter", "coupling", "temperature", "top_p"),
+                         [("draft", "rejection", 1.0, 1.0), ("eagle", "gumbel", 0.7, 0.9)])
+def test_sampled_rows_that_copy_their_prompt_follow_the_target_law(small_vocab_pair, small_vocab_eagle, drafter,
+                                                                   coupling, temperature, top_p):
+    """Every row shares the test prompt's first block of 4, so all but the first rows copy it."""
+    from test_sampling import assert_follows, sample_outputs
+
+    rows, _, law, vocab = sample_outputs(small_vocab_pair, drafter, coupling, 2, temperature, top_p, 3000,
+                                         eagle=small_vocab_eagle, overrides=("cache.prefix_block_tokens=4",))
+    assert sum(row.num_reused_tokens > 0 for row in rows) > len(rows) // 2
+    assert_follows(rows, law, vocab, 2)
+
+
+def test_gumbel_seeded_outputs_are_the_same_with_reuse_on_and_off(tiny_pair, references):
+    from test_coupling import sampled_outputs
+
+    requests, _ = references
+    models = load_models(tiny_config(tiny_pair))
+    alone = tiny_config(tiny_pair, "sampling.coupling=gumbel", "drafter.kind=none", "scheduler.max_batch_rows=1",
+                        "cache.prefix=false")
+    reusing = tiny_config(tiny_pair, "sampling.coupling=gumbel", "drafter.kind=draft", "scheduler.max_batch_rows=5")
+    assert sampled_outputs(reusing, requests, models) == sampled_outputs(alone, requests, models)

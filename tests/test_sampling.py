@@ -70,7 +70,7 @@ def exact_law(model, prompt: list[int], num_tokens: int, temperature: float, top
 
 
 def sample_outputs(small_vocab_pair, drafter: str, coupling: str, num_tokens: int, temperature: float,
-                   top_p: float, trials: int, max_new_tokens: int | None = None, eagle=None):
+                   top_p: float, trials: int, max_new_tokens: int | None = None, eagle=None, overrides=()):
     """`trials` seeded requests through the engine (max_new_tokens defaults to num_tokens), and the
     exact law of their first `num_tokens` tokens."""
     from engine_helpers import tiny_config
@@ -80,7 +80,8 @@ def sample_outputs(small_vocab_pair, drafter: str, coupling: str, num_tokens: in
     from specbatch.loop import MemoryRecorder
 
     config = tiny_config(small_vocab_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3",
-                         f"sampling.coupling={coupling}", "scheduler.max_batch_rows=64", f"models.eagle={eagle}")
+                         f"sampling.coupling={coupling}", "scheduler.max_batch_rows=64", f"models.eagle={eagle}",
+                         *overrides)
     models = load_models(config)
     recorder = MemoryRecorder()
     engine = build_hf_engine(config, models, recorder)
