@@ -120,6 +120,23 @@ def test_family_exact_with_eager_attention(family_pairs, family):
     check_family(family_pairs, family, "draft", 7, attn="eager")
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_exact_with_shared_prefixes_reused(family_pairs, family):
+    """Rows copying a shared prefix's KV (cache.prefix) decode as the target alone, in every family."""
+    from test_prefix_reuse import shared_prefix_prompts
+
+    built = family_pairs(family)
+    tokenizer = built.pair[2]
+    requests = shared_prefix_prompts(tokenizer, 12)
+    refs = [greedy_reference(built.target, prompt, max_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for prompt, max_new in requests]
+    config = tiny_config(built.pair, "drafter.kind=draft", "scheduler.max_batch_rows=5",
+                         f"models.attn_implementation={attn_for(family)}", "scheduler.prefill_chunk=fixed:16")
+    rows, _, _ = run_engine(config, requests)
+    assert_exact(rows, refs)
+    assert sum(row.num_reused_tokens for row in rows.values()) > 0
+
+
 SUBSET = [pytest.param(f, marks=() if f in BATCH_1_AND_32 else pytest.mark.slow) for f in FAMILIES]
 
 
