@@ -76,8 +76,8 @@ class Row:
     finished_s: float | None = None
     # counters, summed over rounds
     num_rounds: int = 0
-    num_target_rows: int = 0
-    num_draft_rows: int = 0
+    num_target_positions: int = 0
+    num_draft_positions: int = 0
     num_proposed: int = 0
     num_accepted: int = 0
     num_preemptions: int = 0
@@ -172,7 +172,7 @@ class RoundPlan:
         return not self.prefill and not self.decode
 
     @property
-    def num_target_rows(self) -> int:
+    def num_target_positions(self) -> int:
         return sum(size for _, size in self.prefill) + sum(1 + k for _, k in self.decode)
 
     @staticmethod
@@ -242,8 +242,8 @@ class Proposals:
     # per row: how many of the fed positions the draft cache keeps once accepted; empty: all of them. An
     # EAGLE head keeps only positions fed with the target's features, not those drafted from its own
     num_kept: list[int] = field(default_factory=list)
-    num_draft_rows: int = 0
-    num_padded_draft_rows: int = 0
+    num_draft_positions: int = 0
+    num_padded_draft_positions: int = 0
     num_passes: int = 0
 
     def withdraw(self, index: int) -> None:
@@ -269,7 +269,7 @@ class RoundOutcome:
     prefill_shapes: list[PassShape] = field(default_factory=list)  # one per prefill pass
     verify_shape: PassShape | None = None
     proposals: Proposals | None = None
-    num_draft_prefill_rows: int = 0  # > 0: the draft cache was filled alongside the prefill chunks
+    num_draft_prefill_positions: int = 0  # > 0: the draft cache was filled alongside the prefill chunks
     reuse_ms: float = 0.0  # copying shared prefixes' KV into rows (`RoundPlan.reuse`)
     prefill_ms: float = 0.0
     draft_prefill_ms: float = 0.0  # of prefill_ms: filling the draft cache alongside

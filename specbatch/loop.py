@@ -136,7 +136,7 @@ class Engine:
                                 round_index=self.num_rounds, started_s=started_s, kv_tokens_in_use=kv.num_used,
                                 kv_tokens_capacity=kv.capacity_tokens, commit_ms=commit_ms, round_ms=round_ms)
         self.recorder.add_round(record)
-        self.scheduler.observe_round(record, outcome.num_draft_prefill_rows, outcome.draft_prefill_ms)
+        self.scheduler.observe_round(record, outcome.num_draft_prefill_positions, outcome.draft_prefill_ms)
         self.num_rounds += 1
         return commit.finished
 

@@ -71,7 +71,7 @@ class RoundRecord:
         num_real_verify = verify.num_real_positions if verify else 0
         prefill_padded = sum(shape.num_padded_positions for shape in prefills)
         padded = (verify.num_padded_positions if verify else 0) + prefill_padded
-        num_draft_rows = (proposals.num_draft_rows if proposals else 0) + outcome.num_draft_prefill_rows
+        num_draft_positions = (proposals.num_draft_positions if proposals else 0) + outcome.num_draft_prefill_positions
         kv_read = (verify.num_kv_tokens_read if verify else 0) + sum(shape.num_kv_tokens_read for shape in prefills)
         rows = {id(row) for row, _ in plan.decode} | {id(row) for row, _ in plan.prefill}
         return cls(
@@ -80,10 +80,10 @@ class RoundRecord:
             num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
             num_prefill_tokens=num_prefill_tokens, num_reused_tokens=sum(copy.num_tokens for copy in plan.reuse),
             num_target_rows=num_real_verify + num_prefill_tokens, num_padded_target_rows=padded,
-            num_padded_prefill_rows=prefill_padded, num_draft_rows=num_draft_rows,
-            num_padded_draft_rows=proposals.num_padded_draft_rows if proposals else 0,
+            num_padded_prefill_rows=prefill_padded, num_draft_rows=num_draft_positions,
+            num_padded_draft_rows=proposals.num_padded_draft_positions if proposals else 0,
             num_target_passes=int(verify is not None) + len(prefills),
-            num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_rows > 0),
+            num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_positions > 0),
             num_proposed=sum(len(r.proposed) for r in outcome.rows),
             num_accepted=sum(r.num_accepted for r in outcome.rows),
             num_committed=num_committed, num_speculating_rows=sum(1 for r in outcome.rows if r.proposed),
@@ -151,8 +151,8 @@ class RequestRecord:
             num_prompt_tokens=row.num_prompt_tokens, num_output_tokens=row.num_output_tokens,
             max_new_tokens=row.params.max_new_tokens, temperature=row.params.temperature,
             arrival_s=row.arrival_s, admitted_s=row.admitted_s, first_token_s=row.first_token_s,
-            finished_s=finished_s, num_rounds=row.num_rounds, num_target_rows=row.num_target_rows,
-            num_draft_rows=row.num_draft_rows, num_proposed=row.num_proposed, num_accepted=row.num_accepted,
+            finished_s=finished_s, num_rounds=row.num_rounds, num_target_rows=row.num_target_positions,
+            num_draft_rows=row.num_draft_positions, num_proposed=row.num_proposed, num_accepted=row.num_accepted,
             num_preemptions=row.num_preemptions, num_reused_tokens=row.num_reused_tokens,
         )
 

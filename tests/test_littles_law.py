@@ -17,7 +17,7 @@ from specbatch.lab.littles_law import (
 )
 
 # N = 100 tokens, t0 = 20 ms, t1 = 1 ms: A = 100·(0.020 + 0.001) = 2.1 s, B = 100·0.001 = 0.1 s.
-PLAIN = plain_model("plain", num_output_tokens=100, verify_fixed_s=0.020, verify_per_row_s=0.001)
+PLAIN = plain_model("plain", num_output_tokens=100, verify_fixed_s=0.020, verify_per_position_s=0.001)
 
 
 def test_hand_computed_point() -> None:
@@ -46,8 +46,8 @@ def test_tokens_per_round_closed_form() -> None:
 
 def test_speculation_wins_at_low_load_and_loses_capacity() -> None:
     spec = speculative_model(
-        "spec k=4", 100, k=4, alpha=0.8, verify_fixed_s=0.020, verify_per_row_s=0.001,
-        draft_fixed_s=0.002, draft_per_row_s=0.0001,
+        "spec k=4", 100, k=4, alpha=0.8, verify_fixed_s=0.020, verify_per_position_s=0.001,
+        draft_fixed_s=0.002, draft_per_position_s=0.0001,
     )  # fmt: skip
     assert spec.round_fixed_s == pytest.approx(0.028)
     assert spec.round_per_request_s == pytest.approx(0.0054)

@@ -70,7 +70,7 @@ def test_probes_leave_greedy_output_the_targets_and_pad_no_verify(request, tiny_
         assert record.query_len == 1  # no row's verify was padded for the probe
         assert record.draft_ms > 0
     # a probe caught its row's draft cache up: the rows finished with their draft work counted
-    assert sum(r.num_draft_rows for r in recorder.rounds) == sum(row.num_draft_rows for row in rows.values())
+    assert sum(r.num_draft_rows for r in recorder.rounds) == sum(row.num_draft_positions for row in rows.values())
 
 
 @pytest.mark.parametrize("drafter", ["draft", "eagle"])

@@ -27,7 +27,7 @@ def kv_invariants(scheduler, plan) -> None:
         assert row.num_computed + 1 + k <= kv.reserved[row.request_id]
     for row, size in plan.prefill:
         assert row.num_computed + size <= kv.reserved[row.request_id]
-    assert plan.num_target_rows <= scheduler.limits.max_round_tokens
+    assert plan.num_target_positions <= scheduler.limits.max_round_tokens
 
 
 # derandomize: the same 40 examples in every run (no example database), so a run cannot flake
@@ -87,10 +87,10 @@ def test_bucket_padding_arithmetic(rows, query, expected_bucket, expected_padded
     buckets = ShapeBuckets(batch_rows=(4, 8, 16), query_len=(2, 4, 8, 16))
     bucket = buckets.fit(len(rows), query)
     assert (bucket.batch_rows, bucket.query_len) == expected_bucket
-    assert buckets.num_padded_rows(rows) == expected_padded
+    assert buckets.num_padded_positions(rows) == expected_padded
 
 
 def test_kv_length_rounds_up_to_multiple():
     buckets = ShapeBuckets(kv_len_multiple=32)
     assert [buckets.kv_len(n) for n in (1, 32, 33, 64, 65)] == [32, 32, 64, 64, 96]
-    assert ShapeBuckets().num_padded_rows([]) == 0
+    assert ShapeBuckets().num_padded_positions([]) == 0

@@ -93,7 +93,7 @@ class HFBackend:
             if plan.draft_prefill:
                 self._sync()
                 draft_started = time.perf_counter()
-                outcome.num_draft_prefill_rows = self._draft_prefill(plan.prefill, slots)
+                outcome.num_draft_prefill_positions = self._draft_prefill(plan.prefill, slots)
                 self._sync()
                 outcome.draft_prefill_ms = ms_since(draft_started)
             self._sync()
@@ -102,7 +102,7 @@ class HFBackend:
             decode = sorted(plan.decode, key=lambda item: self.slot_of[item[0].request_id])  # slots 0..D-1: a view
             rows, ks = [row for row, _ in decode], [k for _, k in decode]
             slots, starts = self._slots(rows), [plan.computed_after_prefill(row) for row in rows]
-            alongside = outcome.num_draft_prefill_rows > 0  # this round's prefill filled the draft cache too
+            alongside = outcome.num_draft_prefill_positions > 0  # this round's prefill filled the draft cache too
             draft_starts = [plan.draft_start(row, start, alongside) for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
             drafted_ks = [plan.drafted_k(row, k) for row, k in zip(rows, ks, strict=True)]

@@ -113,8 +113,8 @@ class DraftModelDrafter(NoDrafter):
                 if q is not None:
                     q_rows[i].append(q)
             num_real = sum(len(chunk) for chunk in chunks.values())
-            proposals.num_draft_rows += num_real
-            proposals.num_padded_draft_rows += shape.num_padded_positions + shape.num_real_positions - num_real
+            proposals.num_draft_positions += num_real
+            proposals.num_padded_draft_positions += shape.num_padded_positions + shape.num_real_positions - num_real
             proposals.num_passes += 1
             active = [i for i in active if len(proposals.tokens[i]) < ks[i]]
             step += 1

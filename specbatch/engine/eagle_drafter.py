@@ -174,8 +174,8 @@ class EagleDrafter:
 
     @staticmethod
     def _count(proposals: Proposals, shape: PassShape) -> None:
-        proposals.num_draft_rows += shape.num_real_positions
-        proposals.num_padded_draft_rows += shape.num_padded_positions
+        proposals.num_draft_positions += shape.num_real_positions
+        proposals.num_padded_draft_positions += shape.num_padded_positions
         proposals.num_passes += 1
 
     def _pick(self, rows: list[Row], draft_indices: list[int], outputs: torch.Tensor, coupling: Coupling

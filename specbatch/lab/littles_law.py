@@ -107,11 +107,11 @@ def plain_model(
     name: str,
     num_output_tokens: float,
     verify_fixed_s: float,
-    verify_per_row_s: float,
+    verify_per_position_s: float,
     prefill_s: float = 0.0,
 ) -> LatencyModel:
     """Plain decoding: one target row per request per round, one token per round."""
-    return LatencyModel(name, num_output_tokens, 1.0, verify_fixed_s, verify_per_row_s, prefill_s)
+    return LatencyModel(name, num_output_tokens, 1.0, verify_fixed_s, verify_per_position_s, prefill_s)
 
 
 def speculative_model(
@@ -120,9 +120,9 @@ def speculative_model(
     k: int,
     alpha: float,
     verify_fixed_s: float,
-    verify_per_row_s: float,
+    verify_per_position_s: float,
     draft_fixed_s: float,
-    draft_per_row_s: float,
+    draft_per_position_s: float,
     prefill_s: float = 0.0,
 ) -> LatencyModel:
     """k sequential draft passes (1 row per request each) and one verify pass of 1 + k rows.
@@ -135,7 +135,7 @@ def speculative_model(
         num_output_tokens=num_output_tokens,
         tokens_per_round=tokens_per_round(alpha, k),
         round_fixed_s=k * draft_fixed_s + verify_fixed_s,
-        round_per_request_s=k * draft_per_row_s + (1 + k) * verify_per_row_s,
+        round_per_request_s=k * draft_per_position_s + (1 + k) * verify_per_position_s,
         prefill_s=prefill_s,
     )
 

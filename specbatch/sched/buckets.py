@@ -51,7 +51,7 @@ class ShapeBuckets:
         return PassShape(num_rows, num_bucket_rows, query_len, self.kv_len(max_start + query_len, max_kv_len),
                          num_positions)
 
-    def num_padded_rows(self, row_lengths: list[int]) -> int:
+    def num_padded_positions(self, row_lengths: list[int]) -> int:
         """Positions a pass computes beyond Σ row_lengths once padded to its bucket."""
         if not row_lengths:
             return 0

@@ -29,14 +29,14 @@ class RoundCommit:
 def commit_round(scheduler: Scheduler, stops: StopChecker, plan: RoundPlan, outcome: RoundOutcome,
                  now_s: float) -> RoundCommit:
     """Apply one executed round to its rows and the scheduler; `now_s` stamps emissions and finishes."""
-    draft_follows_prefill = outcome.num_draft_prefill_rows > 0  # a draft model fills its cache alongside
+    draft_follows_prefill = outcome.num_draft_prefill_positions > 0  # a draft model fills its cache alongside
     for row, size in plan.prefill:
         end = row.num_computed + size
         if draft_follows_prefill:
-            row.num_draft_rows += end - row.num_draft_computed
+            row.num_draft_positions += end - row.num_draft_computed
             row.num_draft_computed = end
         row.num_computed = end
-        row.num_target_rows += size
+        row.num_target_positions += size
     result = RoundCommit()
     for row_outcome in outcome.rows:
         result.verified.append((row_outcome, _commit_verified(scheduler, stops, row_outcome, now_s)))
@@ -54,12 +54,12 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     row, num_proposed = outcome.row, len(outcome.proposed)
     accepted_end = row.num_tokens + outcome.num_accepted  # the pending token + accepted drafts are valid
     row.num_computed = accepted_end
-    row.num_draft_rows += outcome.num_draft_fed
+    row.num_draft_positions += outcome.num_draft_fed
     kept = outcome.num_draft_fed if outcome.num_draft_kept is None else outcome.num_draft_kept
     row.num_draft_computed = min(row.num_draft_computed + kept, accepted_end)
     committed = stops.commit(row, outcome.emitted)
     row.num_rounds += 1
-    row.num_target_rows += 1 + num_proposed
+    row.num_target_positions += 1 + num_proposed
     row.num_proposed += num_proposed
     row.num_accepted += outcome.num_accepted
     row.last_k = outcome.k

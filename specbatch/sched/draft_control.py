@@ -69,15 +69,15 @@ class DraftControl:
         self.drafting = any(k > 0 for _, k in plan.decode)
         self.plans_without_drafts = 0 if self.drafting or plan.probe is not None else self.plans_without_drafts + 1
         if self.gate is not None and self.gate.comparing:  # what its decision reads
-            self.full_catch_up_ms = round_cost.draft_row_ms * sum(row.num_tokens for row, _ in plan.decode)
+            self.full_catch_up_ms = round_cost.draft_position_ms * sum(row.num_tokens for row, _ in plan.decode)
 
-    def observe_round(self, record: RoundRecord, round_cost: RoundCostModel, num_draft_prefill_rows: int,
+    def observe_round(self, record: RoundRecord, round_cost: RoundCostModel, num_draft_prefill_positions: int,
                       draft_prefill_ms: float = 0.0) -> None:
         """A round ran: with a cost fit, its measured time refines `round_cost`; with a gate, the round
-        counts for its mode. The draft cache it filled beside its prefill (`num_draft_prefill_rows` in
-        `draft_prefill_ms`, part of the record's prefill time) is a cost of drafting, whichever mode
-        the round ran in."""
-        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_rows,
+        counts for its mode. The draft cache it filled beside its prefill (`num_draft_prefill_positions`
+        in `draft_prefill_ms`, part of the record's prefill time) is a cost of drafting, whichever
+        mode the round ran in."""
+        if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_positions,
                                                                                   draft_prefill_ms)):
             round_cost.cost = refitted
         if self.gate is not None:

@@ -64,8 +64,8 @@ class AdaptiveLookahead:
     the margin, given the batch. Solved over the shared largest k, K = 0..max cap (stopping once the
     ratio has fallen for two K in a row, as it does past its peak): with K
     fixed the verify pass is fixed and a row's further drafts only cost draft rows, so (Dinkelbach)
-    with λ = Σ E / T each row maximizes E(α_i, k) − λ·c_draft_row·(k − 1 + lag): drafts j ≤ k* with
-    α^j ≥ λ·c_draft_row are worth it, k* = ⌊ln(λ·c) / ln α⌋, and the row drafts at all only if
+    with λ = Σ E / T each row maximizes E(α_i, k) − λ·c_draft_position·(k − 1 + lag): drafts j ≤ k* with
+    α^j ≥ λ·c_draft_position are worth it, k* = ⌊ln(λ·c) / ln α⌋, and the row drafts at all only if
     Σ_{j≤k*} α^j beats its catch-up cost. Iterate λ a few times, keep the K with the best ratio.
     k = 0 falls out where speculation does not pay: a large batch (the padded verify grows with
     B·K) or a poorly matched domain (α̂ small, shrunk from the domain's statistics).
@@ -153,7 +153,7 @@ class AdaptiveLookahead:
         price and T_K the round with largest k K but no draft rows: at least Σ E − λ·T of every plan
         with largest k K (step 0 pads a row to at least its own lag), so ≤ 0 means none beats λ."""
         round_cost = self.ctx.round_cost
-        price = rate * round_cost.draft_row_ms
+        price = rate * round_cost.draft_position_ms
         gains = 0.0
         for table, a, log_a, cap, lag in zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps, batch.lags,
                                              strict=True):
@@ -187,13 +187,13 @@ class AdaptiveLookahead:
     def _solve_within(self, batch: _Batch, k_max: int, lag_limit: float) -> tuple[float, list[int]]:
         """(tokens per ms, ks) for a largest k of k_max, rows lagging by more than lag_limit not drafting."""
         round_cost = self.ctx.round_cost
-        price_per_row = round_cost.draft_row_ms
+        price_per_position = round_cost.draft_position_ms
         caps = [min(cap, k_max) if lag <= lag_limit else 0 for cap, lag in zip(batch.caps, batch.lags, strict=True)]
         ks = caps
         shape = batch.shape(ks)
         rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
         for _ in range(self.num_iterations):
-            price = rate * price_per_row  # tokens one more draft row costs the batch
+            price = rate * price_per_position  # tokens one more draft position costs the batch
             new_ks = [_row_k(a, log_a, cap, price, max(shape.max_lag, lag))
                       for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, caps, batch.lags, strict=True)]
             if new_ks == ks:

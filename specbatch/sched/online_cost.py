@@ -76,24 +76,24 @@ class OnlineCostFit:
         """The window: one row per round, the columns above (a ring, in no particular order)."""
         return self._rounds[: min(self.num_seen, self.window)]
 
-    def observe(self, record: RoundRecord, num_draft_prefill_rows: int,
+    def observe(self, record: RoundRecord, num_draft_prefill_positions: int,
                 draft_prefill_ms: float = 0.0) -> CostModel | None:
         """Take one round (and the draft rows its prefill computed in `draft_prefill_ms`, inside its
         draft figures and its prefill time); returns the refitted model when this round triggered a
         refit that was taken."""
         if record.warmup_ms > 0 or record.round_ms <= 0:
             return None
-        fill_passes = int(num_draft_prefill_rows > 0)
-        draft_rows = record.num_draft_rows + record.num_padded_draft_rows
+        fill_passes = int(num_draft_prefill_positions > 0)
+        draft_positions = record.num_draft_rows + record.num_padded_draft_rows
         self._rounds[self.num_seen % self.window] = (
             1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
-            record.num_kv_tokens_read, record.num_draft_passes, draft_rows, record.round_ms,
+            record.num_kv_tokens_read, record.num_draft_passes, draft_positions, record.round_ms,
             record.draft_ms + draft_prefill_ms)
         if fill_passes:
-            self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_rows, draft_prefill_ms, 0.0))
+            self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_positions, draft_prefill_ms, 0.0))
         if record.num_draft_passes > fill_passes:
             self.drafted.append(_DraftTiming(record.num_draft_passes - fill_passes,
-                                             draft_rows - num_draft_prefill_rows, record.draft_ms, 1.0))
+                                             draft_positions - num_draft_prefill_positions, record.draft_ms, 1.0))
         self.num_seen += 1
         if self.num_seen < self._next_refit:
             return None

@@ -76,11 +76,11 @@ class RoundCostModel:
         if shape.num_rows == 0:
             return self.cost.intercept_ms
         rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
-        draft_passes, draft_rows = 0, 0.0
+        draft_passes, draft_positions = 0, 0.0
         if self.uses_draft_model and shape.max_k > 0:
             draft_passes = shape.max_k
-            draft_rows = shape.num_drafting * shape.max_lag + shape.sum_k - shape.num_drafting
-        return self.cost.predict_ms(1, rows, draft_passes, draft_rows, kv)
+            draft_positions = shape.num_drafting * shape.max_lag + shape.sum_k - shape.num_drafting
+        return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv)
 
     def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int) -> float:
         """What one prefill pass adds to a round (no intercept: the round pays that once)."""
@@ -102,14 +102,14 @@ class RoundCostModel:
         return self.decode_ms(shape) + extra
 
     @property
-    def draft_row_ms(self) -> float:
+    def draft_position_ms(self) -> float:
         """A draft row's price: none where drafting runs no model (n-gram lookup)."""
         return self.cost.draft_rows if self.uses_draft_model else 0.0
 
     def recompute_ms(self, num_tokens: int) -> float:
         """Marginal time to re-prefill num_tokens positions after a preemption by recompute."""
         c = self.cost
-        return (c.target_rows + self.draft_row_ms + c.kv_tokens_read * num_tokens / 2) * num_tokens
+        return (c.target_rows + self.draft_position_ms + c.kv_tokens_read * num_tokens / 2) * num_tokens
 
     def row_share_ms(self, batch_rows: int, k: int, kv_len: int) -> tuple[float, float]:
         """(t_verify, t_draft): one row's share of a verify pass with k drafts, and of one draft step,

@@ -201,9 +201,10 @@ class Scheduler:
         plan.plan_ms = ms_since(started)
         return plan, admission
 
-    def observe_round(self, record: RoundRecord, num_draft_prefill_rows: int, draft_prefill_ms: float = 0.0) -> None:
+    def observe_round(self, record: RoundRecord, num_draft_prefill_positions: int,
+                      draft_prefill_ms: float = 0.0) -> None:
         """A round ran: the drafting controller learns from it (`DraftControl.observe_round`)."""
-        self.draft.observe_round(record, self.ctx.round_cost, num_draft_prefill_rows, draft_prefill_ms)
+        self.draft.observe_round(record, self.ctx.round_cost, num_draft_prefill_positions, draft_prefill_ms)
 
     def _plan_decode(self, plan: RoundPlan, rows: list[Row]) -> int:
         budget = self.limits.max_round_tokens

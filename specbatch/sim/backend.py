@@ -103,11 +103,11 @@ class SimBackend:
         outcome = RoundOutcome()
         if plan.prefill:
             outcome.prefill_shapes = [self._prefill_shape(work) for work in plan.prefill_pass_work()]
-            outcome.num_draft_prefill_rows = self._draft_prefill_rows(plan.prefill, plan.draft_prefill)
+            outcome.num_draft_prefill_positions = self._draft_prefill_positions(plan.prefill, plan.draft_prefill)
         if plan.decode:
             starts = [plan.computed_after_prefill(row) for row, _ in plan.decode]
             drafted = [(row, plan.drafted_k(row, k)) for row, k in plan.decode]
-            outcome.proposals = self._draft(drafted, starts, outcome.num_draft_prefill_rows > 0)
+            outcome.proposals = self._draft(drafted, starts, outcome.num_draft_prefill_positions > 0)
             outcome.rows, outcome.verify_shape = self._verify(plan.decode, starts, outcome.proposals)
         outcome.prefill_ms, outcome.draft_prefill_ms, outcome.draft_ms, outcome.verify_ms = self._split_ms(outcome)
         self.clock.advance((outcome.prefill_ms + outcome.draft_ms + outcome.verify_ms) / 1000)
@@ -117,7 +117,7 @@ class SimBackend:
         sizes = [size for _, size in work]
         return self._pass_shape(len(work), max(row.num_computed for row, _ in work), max(sizes), sum(sizes))
 
-    def _draft_prefill_rows(self, work: list[tuple[Row, int]], draft_prefill: bool) -> int:
+    def _draft_prefill_positions(self, work: list[tuple[Row, int]], draft_prefill: bool) -> int:
         """The drafter's cache is filled alongside, up to the same end."""
         if not self.uses_draft_model or not draft_prefill:
             return 0
@@ -141,8 +141,8 @@ class SimBackend:
                 if k > max_k:
                     max_k = k
                 proposals.num_fed[index] = fed + k - 1
-        proposals.num_draft_rows = num_fed + further
-        proposals.num_padded_draft_rows = num_rows * max_fed - num_fed
+        proposals.num_draft_positions = num_fed + further
+        proposals.num_padded_draft_positions = num_rows * max_fed - num_fed
         proposals.num_passes = max_k
         return proposals
 
@@ -183,15 +183,15 @@ class SimBackend:
         Same features as `CostModel.fit` reads from a rounds table: rows include padding."""
         c = self.cost
         prefill = verify = draft = 0.0
-        draft_prefill = (c.draft_passes + c.draft_rows * outcome.num_draft_prefill_rows
-                         if outcome.num_draft_prefill_rows else 0.0)
+        draft_prefill = (c.draft_passes + c.draft_rows * outcome.num_draft_prefill_positions
+                         if outcome.num_draft_prefill_positions else 0.0)
         if outcome.prefill_shapes:
             prefill = sum(_pass_ms(c, shape) for shape in outcome.prefill_shapes) + draft_prefill
         if outcome.verify_shape is not None:
             verify = _pass_ms(c, outcome.verify_shape)
         if (proposals := outcome.proposals) is not None:
             draft = (c.draft_passes * proposals.num_passes
-                     + c.draft_rows * (proposals.num_draft_rows + proposals.num_padded_draft_rows))
+                     + c.draft_rows * (proposals.num_draft_positions + proposals.num_padded_draft_positions))
         scale = self._round_speed()
         return prefill * scale, draft_prefill * scale, draft * scale, (c.intercept_ms + verify) * scale
 
