@@ -1,9 +1,11 @@
 """Whole jobs over prompts that share prefixes (cache.prefix on, the default): kill -9 and resume
-still give every record once with the uninterrupted run's outputs, and two worker processes compute
-each distinct prefix at most twice (ingest keeps rows that share one in the same shards)."""
+still give every record once with the uninterrupted run's outputs, results.jsonl in dataset order
+(ingest groups records by prefix), and two worker processes compute each distinct prefix at most
+twice (ingest keeps rows that share one in the same shards)."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import duckdb
@@ -28,9 +30,9 @@ def shared_prefix_records(n: int = 24) -> list[dict]:
 
 def reused_and_prefilled(job_dir) -> tuple[int, int]:
     con = duckdb.connect()
-    reused = con.execute(f"SELECT sum(num_reused_tokens) FROM read_parquet('{job_dir}/requests/*.parquet')").fetchone()
-    prefilled = con.execute(f"SELECT sum(num_prefill_tokens) FROM read_parquet('{job_dir}/rounds/*.parquet')").fetchone()
-    return int(reused[0] or 0), int(prefilled[0] or 0)
+    sums = [con.execute(f"SELECT sum({column}) FROM read_parquet('{job_dir}/{table}/*.parquet')").fetchone()[0]
+            for table, column in (("requests", "num_reused_tokens"), ("rounds", "num_prefill_tokens"))]
+    return int(sums[0] or 0), int(sums[1] or 0)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,9 @@ def test_kill_9_then_resume_with_prefix_reuse_gives_each_record_once(tmp_path, r
     for row in rows:
         assert row["status"] == "completed"
         assert row["output_token_ids"] == reference[row["request_id"]]["output_token_ids"]
+    lines = (tmp_path / "job" / "results.jsonl").read_text().splitlines()
+    exported = [json.loads(line)["request_id"] for line in lines]
+    assert exported == [record["id"] for record in shared_prefix_records()]  # dataset order, not shard order
 
 
 @pytest.mark.slow

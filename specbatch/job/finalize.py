@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from specbatch.data.shards import SHARDS_FOLDER, read_shard
 from specbatch.job.manifest import JobStatus, Manifest, load_manifest, update_manifest
@@ -84,28 +85,37 @@ def mark_failed(job_dir: Location) -> None:
 
 
 def export_results_jsonl(job_dir: Location) -> str:
-    """JOB/results.jsonl, written whole; returns its path or URL."""
+    """JOB/results.jsonl, written whole, in dataset order; returns its path or URL."""
     storage = open_storage(job_dir)
     with storage.open_write("results.jsonl") as out:
-        for row in read_table(storage, "results").to_pylist():
+        for row in _in_dataset_order(job_dir, read_table(storage, "results").to_pylist()):
             out.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
     return storage.url("results.jsonl")
 
 
 def export_openai_output(job_dir: Location) -> str:
-    """The OpenAI batch *output* format: one line per input line, by custom_id."""
+    """The OpenAI batch *output* format: one line per input line, by custom_id, in input order."""
     storage = open_storage(job_dir)
-    endpoints = _endpoints(job_dir)
+    endpoints = _shard_column(job_dir, "endpoint")
     with storage.open_write("openai_output.jsonl") as out:
-        for index, row in enumerate(read_table(storage, "results").to_pylist()):
+        rows = _in_dataset_order(job_dir, read_table(storage, "results").to_pylist())
+        for index, row in enumerate(rows):
             out.write((json.dumps(output_line(row, endpoints.get(row["request_id"]), index)) + "\n").encode())
     return storage.url("openai_output.jsonl")
 
 
-def _endpoints(job_dir: Location) -> dict[str, str | None]:
+def _in_dataset_order(job_dir: Location, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Result rows sorted by their record's position in the input: parts hold them in the order
+    workers finished them, and ingest groups records (by domain, shared prefix, length) into shards."""
+    positions = _shard_column(job_dir, "position")
+    return sorted(rows, key=lambda row: positions.get(row["request_id"], len(positions)))
+
+
+def _shard_column(job_dir: Location, column: str) -> dict[str, Any]:
+    """request_id -> one shard column, over every shard."""
     storage = open_storage(job_dir)
-    endpoints: dict[str, str | None] = {}
+    values: dict[str, Any] = {}
     for name in storage.names(SHARDS_FOLDER, ".parquet"):
-        table = read_shard(storage.url(f"{SHARDS_FOLDER}/{name}")).select(["request_id", "endpoint"])
-        endpoints.update(zip(table.column("request_id").to_pylist(), table.column("endpoint").to_pylist(), strict=True))
-    return endpoints
+        table = read_shard(storage.url(f"{SHARDS_FOLDER}/{name}")).select(["request_id", column])
+        values.update(zip(table.column("request_id").to_pylist(), table.column(column).to_pylist(), strict=True))
+    return values
