@@ -13,10 +13,20 @@ from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix, copy_order
 
 @dataclass(eq=False)
 class Holder:
+    """A row as the prefix cache reads it: a prompt and no output."""
+
     request_id: str
-    prompt_ids: list[int]
+    token_ids: list[int]
     num_computed: int = 0
     num_draft_computed: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids
 
 
 SHARED = list(range(100, 140))  # 40 tokens: 2 whole blocks of 16 and 8 more
@@ -79,13 +89,14 @@ def test_a_finished_row_s_prefix_is_kept_in_its_slot_until_evicted():
     cache.register(done)
     cache.retain(done, slot=3)
     later = Holder("b", SHARED + [5])
+    cache.register(later)
     reuse, wait = cache.plan(later)
     assert reuse is not None and isinstance(reuse.holder, RetainedPrefix) and reuse.end == 40 and not wait
     cache.pin_sources([reuse])
     assert cache.claim_slot(Holder("x", [8] * 40), [3, 5]) == 5  # another row's copy reads slot 3
     assert cache.claim_slot(later, [0, 3]) == 3  # its copy is then a no-op
     cache.pin_sources([])
-    assert cache.plan(later) == (None, False) and len(cache.index) == 0  # the slot is the row's now
+    assert cache.plan(later) == (None, False) and len(cache.index) == 1  # the slot is the row's now
     cache.register(done)
     cache.retain(done, slot=3)
     assert cache.claim_slot(Holder("c", [9] * 40), [0, 3]) == 0  # an empty slot before a kept one
@@ -151,7 +162,8 @@ def test_reuse_never_reads_a_stale_or_foreign_position_and_every_row_finishes(hi
             slot_of[row.request_id] = cache.claim_slot(row, [s for s in range(num_slots) if s not in taken])
         for copy in copy_order(copies):
             source, destination = source_and_destination(copy)
-            assert shared_length(copy.row.prompt_ids, copy.holder.prompt_ids) >= copy.end
+            holder_prompt = copy.holder.token_ids[: copy.holder.num_prompt_tokens]
+            assert shared_length(copy.row.prompt_ids, holder_prompt) >= copy.end
             slots[destination][copy.start : copy.end] = slots[source][copy.start : copy.end]
         for row in running:  # the passes: a chunk of 5, or garbage past the end for a row held back
             slot = slots[slot_of[row.request_id]]
@@ -177,4 +189,4 @@ def test_reuse_never_reads_a_stale_or_foreign_position_and_every_row_finishes(hi
         round_(index if kind == "finish" else None, index if kind == "evict" else None)
     assert not waiting and not running  # every row ran to the end: waiting never deadlocked
     for slot, kept in cache.retained.items():
-        assert slots[slot][: kept.num_computed] == kept.prompt_ids[: kept.num_computed]
+        assert slots[slot][: kept.num_computed] == kept.token_ids[: kept.num_computed]

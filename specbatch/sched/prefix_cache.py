@@ -28,22 +28,24 @@ from specbatch.core import PrefixCopy, Row
 
 
 class PrefixHolder(Protocol):
-    """What the index reads of a holder: its prompt and how far its KV is computed."""
+    """What the index reads of a holder: its prompt (the first `num_prompt_tokens` of `token_ids`,
+    read in place: a plan looks at every holder of every prefilling row) and how far its KV is
+    computed."""
 
     request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
     num_computed: int
     num_draft_computed: int
-
-    @property
-    def prompt_ids(self) -> list[int]: ...
 
 
 @dataclass(eq=False)
 class RetainedPrefix:
-    """A finished row's KV, kept in its free slot until the slot is needed."""
+    """A finished row's prompt KV, kept in its free slot until the slot is needed."""
 
     request_id: str
-    prompt_ids: list[int]
+    token_ids: list[int]  # the prompt
+    num_prompt_tokens: int
     num_computed: int
     num_draft_computed: int
     slot: int
@@ -69,7 +71,7 @@ class PrefixIndex:
 
     def insert(self, holder: PrefixHolder) -> None:
         node, path = self.root, []
-        for block in self._blocks(holder.prompt_ids):
+        for block in self._blocks(holder):
             node = node.children.setdefault(block, _Node())
             node.holders.append(holder)
             path.append(node)
@@ -83,26 +85,19 @@ class PrefixIndex:
         for node in path:
             node.holders = [h for h in node.holders if h is not holder]
         # prune the nodes no holder lists any more, from the root down
-        for node, block in zip(path, self._blocks(holder.prompt_ids), strict=False):
+        for node, block in zip(path, self._blocks(holder), strict=False):
             if not node.holders:
                 parent.children.pop(block, None)
                 break
             parent = node
 
-    def path(self, prompt_ids: list[int]) -> list[_Node]:
-        """The nodes of `prompt_ids`' whole blocks that some holder lists, from the root down."""
-        node, path = self.root, []
-        for block in self._blocks(prompt_ids):
-            child = node.children.get(block)
-            if child is None or not child.holders:
-                break
-            node = child
-            path.append(node)
-        return path
+    def path(self, holder: PrefixHolder) -> list[_Node]:
+        """The nodes a registered holder is listed at, from the root down."""
+        return self._paths.get(id(holder), [])
 
-    def _blocks(self, token_ids: list[int]) -> list[tuple[int, ...]]:
-        size = self.block_size
-        return [tuple(token_ids[i : i + size]) for i in range(0, len(token_ids) - size + 1, size)]
+    def _blocks(self, holder: PrefixHolder) -> list[tuple[int, ...]]:
+        size, tokens = self.block_size, holder.token_ids
+        return [tuple(tokens[i : i + size]) for i in range(0, holder.num_prompt_tokens - size + 1, size)]
 
 
 class PrefixCache:
@@ -137,11 +132,11 @@ class PrefixCache:
     def retain(self, row: PrefixHolder, slot: int) -> None:
         """Keep a finished row's prompt KV in its (now free) slot as a holder of its own."""
         self.forget(row)
-        num_computed = min(row.num_computed, len(row.prompt_ids))
+        num_computed = min(row.num_computed, row.num_prompt_tokens)
         if num_computed < self.index.block_size:
             return
-        kept = RetainedPrefix(row.request_id, row.prompt_ids, num_computed,
-                              min(row.num_draft_computed, num_computed), slot)
+        kept = RetainedPrefix(row.request_id, row.token_ids[: row.num_prompt_tokens], row.num_prompt_tokens,
+                              num_computed, min(row.num_draft_computed, num_computed), slot)
         self.evict_slot(slot)
         self.retained[slot] = kept
         self.register(kept)
@@ -175,25 +170,31 @@ class PrefixCache:
 
     def matches(self, row: PrefixHolder) -> list[tuple[PrefixHolder, int]]:
         """(holder, prompt tokens it shares with `row`) for every holder sharing a whole block with
-        it, `row` itself left out. Walked from the deepest node up, each holder met once: one first
-        met at depth d shares d blocks and then at most part of the next, so only that part is
-        compared (O(holders · block) a row)."""
-        size = self.index.block_size
+        the registered `row`, `row` itself left out. Walked from the row's deepest node up, each
+        holder met once: one first met at depth d shares d blocks and then at most part of the
+        next, so only that part is compared; a node listing no holder the deeper ones did not is
+        skipped (a shallower node lists every holder of a deeper one), so rows sharing a long prefix
+        cost O(holders · block) a row, not O(holders · depth)."""
+        size, tokens, num_prompt = self.index.block_size, row.token_ids, row.num_prompt_tokens
         found: dict[int, tuple[PrefixHolder, int]] = {id(row): (row, 0)}
-        path = self.index.path(row.prompt_ids)
+        path = self.index.path(row)
         for depth in range(len(path), 0, -1):
+            holders = path[depth - 1].holders
+            if len(holders) == len(found):
+                continue
             known = depth * size
-            tail = row.prompt_ids[known : known + size]
-            for holder in path[depth - 1].holders:
+            tail = tokens[known : min(known + size, num_prompt)]
+            for holder in holders:
                 if id(holder) not in found:
-                    found[id(holder)] = (holder, known + shared_length(tail, holder.prompt_ids[known : known + size]))
+                    theirs = holder.token_ids[known : min(known + size, holder.num_prompt_tokens)]
+                    found[id(holder)] = (holder, known + shared_length(tail, theirs))
         del found[id(row)]
         return list(found.values())
 
     def plan(self, row: Row) -> tuple[PrefixCopy | None, bool]:
         """For a row with prefill left: the copy to make now, if any, and whether it should then
         wait a round (not prefill) for an earlier row still computing more of its prefix."""
-        limit = len(row.prompt_ids) - 1  # the pending token is always computed by the verify pass
+        limit = row.num_prompt_tokens - 1  # the pending token is always computed by the verify pass
         best: tuple[int, PrefixHolder] | None = None
         wait = False
         mine = self._order.get(id(row), self._num_registered)
@@ -203,7 +204,7 @@ class PrefixCache:
             if best is None or usable > best[0]:
                 best = (usable, holder)
             if (self._order.get(id(holder), mine) < mine and not isinstance(holder, RetainedPrefix)
-                    and holder.num_computed < len(holder.prompt_ids) - 1
+                    and holder.num_computed < holder.num_prompt_tokens - 1
                     and matched - max(usable, row.num_computed) >= self.index.block_size):
                 wait = True  # an earlier row is computing more of this prefix: take it when it has
         if best is None or best[0] <= row.num_computed:
