@@ -84,7 +84,7 @@ class HFBackend:
             self._copy_prefixes(plan)
             self._sync()
             outcome.reuse_ms = ms_since(started)
-        self._arrange_slots([row for row, _ in plan.decode])
+        self._arrange_slots(plan)
         if plan.prefill:
             started = time.perf_counter()
             for work in plan.prefill_pass_work():
@@ -179,26 +179,50 @@ class HFBackend:
                                        proposals.num_fed[index], kept))
         return outcomes
 
-    def _arrange_slots(self, decode_rows: list[Row]) -> None:
+    def _arrange_slots(self, plan: RoundPlan) -> None:
         """Keep decode rows in slots 0..D-1 so the verify pass reads a view of the cache instead of
-        gathering it. Only rows outside that range move (one row's valid KV each), into the holes.
-        Rows in the slots the pass pads into (D..bucket-1) move up to free slots where there are any,
-        so padded rows keep the view too."""
-        held = {self.slot_of[row.request_id] for row in decode_rows}
-        holes = [slot for slot in range(len(decode_rows)) if slot not in held]
-        movers = [row for row in decode_rows if self.slot_of[row.request_id] >= len(decode_rows)]
+        gathering it, those whose prefill completes this round last (D-c..D-1, in prefill-pass
+        order), and the rows that only prefill right after them, pass after pass, so each prefill
+        pass reads a view too: a pass of 16 rows x 19 tokens after a 562-token shared prefix took
+        45 ms from contiguous slots and 93 ms gathered. Only rows out of place move (one row's valid
+        KV each), swapping with what is there. Rows in the slots the verify pass pads into
+        (D..bucket-1) move up to free slots where there are any, so padded rows keep the view."""
+        decoding = {id(row) for row, _ in plan.decode}
+        prefilling = [row for work in plan.prefill_pass_work() for row, _ in work]
+        completing = [row for row in prefilling if id(row) in decoding]
+        first_completing = len(plan.decode) - len(completing)
+        for slot, row in enumerate(completing, start=first_completing):
+            if self.slot_of[row.request_id] != slot:
+                self._move(row, slot)
+        placed = {id(row) for row in completing}
+        staying = [row for row, _ in plan.decode if id(row) not in placed]
+        held = {self.slot_of[row.request_id] for row in staying}
+        holes = [slot for slot in range(first_completing) if slot not in held]
+        movers = [row for row in staying if self.slot_of[row.request_id] >= first_completing]
         for row, hole in zip(movers, holes, strict=True):
             self._move(row, hole)
-        if not decode_rows or not self.target.pad_decode:
-            return
-        padded_end = self.target.buckets.fit(len(decode_rows), 1).batch_rows
+        slot = self._clear_decode_padding(len(plan.decode))
+        for row in (row for row in prefilling if id(row) not in decoding):
+            if slot >= self.num_slots:  # the decode batch's padding took the rest: these gather
+                break
+            if self.slot_of[row.request_id] != slot:
+                self._move(row, slot)
+            slot += 1
+
+    def _clear_decode_padding(self, num_decode_rows: int) -> int:
+        """Free the slots the verify pass pads into (rows there move up to free slots, kept prefixes
+        there are dropped); returns the first slot after them."""
+        if not num_decode_rows or not self.target.pad_decode:
+            return num_decode_rows
+        padded_end = self.target.buckets.fit(num_decode_rows, 1).batch_rows
         if self.prefix is not None:
-            for slot in range(len(decode_rows), padded_end):
+            for slot in range(num_decode_rows, padded_end):
                 self.prefix.evict_slot(slot)  # padded rows write there: the verify pass keeps its view
         free_above = [slot for slot in range(padded_end, self.num_slots) if slot not in self.slot_owner]
-        in_the_way = [self.slot_owner[slot] for slot in range(len(decode_rows), padded_end) if slot in self.slot_owner]
+        in_the_way = [self.slot_owner[slot] for slot in range(num_decode_rows, padded_end) if slot in self.slot_owner]
         for row, free in zip(in_the_way, free_above, strict=False):
             self._move(row, free)
+        return padded_end
 
     def _move(self, row: Row, slot: int) -> None:
         """Move `row` into `slot`, swapping with its occupant if there is one."""
