@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,23 @@ def results(job_dir: Path) -> list[dict]:
     rows = con.execute(f"SELECT * FROM read_parquet('{job_dir}/results/*.parquet') ORDER BY request_id").fetchall()
     names = [d[0] for d in con.description]
     return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def kill_then_resume(dataset: Path, config: Path, job_id: str, output: Path, crash_at: str) -> list[dict]:
+    """kill -9 a submit at `crash_at` (SPECBATCH_CRASH_AT), resume it, and return the job's results."""
+    killed = submit(dataset, config, job_id, output, env={"SPECBATCH_CRASH_AT": crash_at})
+    assert killed.returncode == -signal.SIGKILL
+    resumed = submit(dataset, config, job_id, output)
+    assert resumed.returncode == 0, resumed.stderr
+    return results(output / job_id)
+
+
+def assert_completed_as(rows: list[dict], reference: dict[str, dict]) -> None:
+    """Every reference request once, completed, with the reference's output tokens."""
+    assert [r["request_id"] for r in rows] == sorted(reference)
+    for row in rows:
+        assert row["status"] == "completed"
+        assert row["output_token_ids"] == reference[row["request_id"]]["output_token_ids"]
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

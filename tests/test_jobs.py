@@ -11,7 +11,7 @@ import time
 
 import duckdb
 import pytest
-from job_helpers import results, submit, write_config, write_jsonl
+from job_helpers import assert_completed_as, kill_then_resume, results, submit, write_config, write_jsonl
 from test_ingest import JSONL_CORPUS
 
 GOOD_PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "Speculative decoding",
@@ -63,15 +63,7 @@ def reference_job(tmp_path_factory, tiny_pair):
 ])
 def test_kill_9_then_resume_gives_each_record_once(tmp_path, reference_job, crash_at):
     dataset, config, reference = reference_job
-    killed = submit(dataset, config, "job", tmp_path, env={"SPECBATCH_CRASH_AT": crash_at})
-    assert killed.returncode == -signal.SIGKILL
-    resumed = submit(dataset, config, "job", tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    rows = results(tmp_path / "job")
-    assert [r["request_id"] for r in rows] == sorted(reference)
-    for row in rows:
-        assert row["status"] == "completed"
-        assert row["output_token_ids"] == reference[row["request_id"]]["output_token_ids"]
+    assert_completed_as(kill_then_resume(dataset, config, "job", tmp_path, crash_at), reference)
 
 
 @pytest.mark.slow

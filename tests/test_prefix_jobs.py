@@ -6,11 +6,10 @@ twice (ingest keeps rows that share one in the same shards)."""
 from __future__ import annotations
 
 import json
-import signal
 
 import duckdb
 import pytest
-from job_helpers import results, submit, write_config, write_jsonl
+from job_helpers import assert_completed_as, kill_then_resume, results, submit, write_config, write_jsonl
 
 INSTRUCTIONS = [
     "Label each text as code or prose. The quick brown fox jumps over the lazy dog. "
@@ -49,15 +48,7 @@ def test_kill_9_then_resume_with_prefix_reuse_gives_each_record_once(tmp_path, r
     dataset, config, reference_dir = reference_job
     reference = {r["request_id"]: r for r in results(reference_dir)}
     assert reused_and_prefilled(reference_dir)[0] > 0
-    killed = submit(dataset, config, "job", tmp_path, env={"SPECBATCH_CRASH_AT": "part_committed:2"})
-    assert killed.returncode == -signal.SIGKILL
-    resumed = submit(dataset, config, "job", tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    rows = results(tmp_path / "job")
-    assert [r["request_id"] for r in rows] == sorted(reference)
-    for row in rows:
-        assert row["status"] == "completed"
-        assert row["output_token_ids"] == reference[row["request_id"]]["output_token_ids"]
+    assert_completed_as(kill_then_resume(dataset, config, "job", tmp_path, "part_committed:2"), reference)
     lines = (tmp_path / "job" / "results.jsonl").read_text().splitlines()
     exported = [json.loads(line)["request_id"] for line in lines]
     assert exported == [record["id"] for record in shared_prefix_records()]  # dataset order, not shard order
