@@ -136,6 +136,8 @@ def simulate(
     try:
         job_config = load_config(config, set_)
         tokens, _, num_prefixes = shared_prefix.partition(":")
+        if not tokens.isdigit() or not (num_prefixes or "1").isdigit():
+            raise ValueError(f"--shared-prefix takes TOKENS[:PREFIXES] in whole numbers, not {shared_prefix!r}")
         options = SimOptions(timing_noise=timing_noise, shared_prefix_tokens=int(tokens),
                              num_prefixes=int(num_prefixes or 1))
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
