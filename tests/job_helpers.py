@@ -41,6 +41,16 @@ def results(job_dir: Path) -> list[dict]:
     return [dict(zip(names, row, strict=True)) for row in rows]
 
 
+def reference_run(root: Path, pair, records: list[dict]) -> tuple[Path, Path, Path]:
+    """An uninterrupted job over `records` (what interrupted-and-resumed runs must reproduce):
+    its dataset, config and job directory."""
+    dataset = write_jsonl(root / "data.jsonl", records)
+    config = write_config(root, pair)
+    run = submit(dataset, config, "ref", root / "out")
+    assert run.returncode == 0, run.stderr
+    return dataset, config, root / "out" / "ref"
+
+
 def kill_then_resume(dataset: Path, config: Path, job_id: str, output: Path, crash_at: str) -> list[dict]:
     """kill -9 a submit at `crash_at` (SPECBATCH_CRASH_AT), resume it, and return the job's results."""
     killed = submit(dataset, config, job_id, output, env={"SPECBATCH_CRASH_AT": crash_at})

@@ -11,7 +11,7 @@ import time
 
 import duckdb
 import pytest
-from job_helpers import assert_completed_as, kill_then_resume, results, submit, write_config, write_jsonl
+from job_helpers import assert_completed_as, kill_then_resume, reference_run, results, submit, write_config, write_jsonl
 from test_ingest import JSONL_CORPUS
 
 GOOD_PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "Speculative decoding",
@@ -47,12 +47,8 @@ def test_bad_records_become_dropped_rows_and_the_job_completes(tmp_path, tiny_pa
 @pytest.fixture(scope="module")
 def reference_job(tmp_path_factory, tiny_pair):
     """An uninterrupted run: what every interrupted-and-resumed run must reproduce."""
-    root = tmp_path_factory.mktemp("reference")
-    dataset = write_jsonl(root / "data.jsonl", dataset_records())
-    config = write_config(root, tiny_pair)
-    run = submit(dataset, config, "ref", root / "out")
-    assert run.returncode == 0, run.stderr
-    return dataset, config, {r["request_id"]: r for r in results(root / "out" / "ref")}
+    dataset, config, job_dir = reference_run(tmp_path_factory.mktemp("reference"), tiny_pair, dataset_records())
+    return dataset, config, {r["request_id"]: r for r in results(job_dir)}
 
 
 @pytest.mark.parametrize("crash_at", [

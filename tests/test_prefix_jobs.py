@@ -9,7 +9,7 @@ import json
 
 import duckdb
 import pytest
-from job_helpers import assert_completed_as, kill_then_resume, results, submit, write_config, write_jsonl
+from job_helpers import assert_completed_as, kill_then_resume, reference_run, results, submit, write_config
 
 INSTRUCTIONS = [
     "Label each text as code or prose. The quick brown fox jumps over the lazy dog. "
@@ -36,12 +36,7 @@ def reused_and_prefilled(job_dir) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def reference_job(tmp_path_factory, tiny_pair):
-    root = tmp_path_factory.mktemp("prefix-reference")
-    dataset = write_jsonl(root / "data.jsonl", shared_prefix_records())
-    config = write_config(root, tiny_pair)
-    run = submit(dataset, config, "ref", root / "out")
-    assert run.returncode == 0, run.stderr
-    return dataset, config, root / "out" / "ref"
+    return reference_run(tmp_path_factory.mktemp("prefix-reference"), tiny_pair, shared_prefix_records())
 
 
 def test_kill_9_then_resume_with_prefix_reuse_gives_each_record_once(tmp_path, reference_job):
