@@ -138,9 +138,14 @@ class ModelsConfig(_Section):
 
 class DrafterConfig(_Section):
     # draft: the bundled pair's best measured drafter, its distilled draft model (README, benchmarks/README.md)
-    kind: Literal["draft", "eagle", "ngram", "none"] = "draft"
+    kind: Literal["draft", "eagle", "ngram", "suffix", "none"] = "draft"
     ngram_max: int = Field(default=3, ge=1, le=8)
     ngram_min: int = Field(default=1, ge=1, le=8)
+    # suffix (engine/suffix_drafter.py): substrings indexed up to this many tokens (nodes <= depth x tokens)
+    suffix_max_depth: int = Field(default=24, ge=2, le=64)
+    suffix_max_tokens: int = Field(default=262_144, ge=1)  # the job-wide index forgets the oldest outputs past this
+    suffix_min_prob: float = Field(default=0.1, ge=0.0, le=1.0)  # a draft stops before its probability drops below
+    suffix_spec_factor: float = Field(default=1.0, gt=0.0)  # draft at most this x the matched suffix's length
 
 
 class SchedulerConfig(_Section):
@@ -234,6 +239,20 @@ class JobConfig(_Section):
     io: IOConfig = IOConfig()
     workers: WorkersConfig = WorkersConfig()
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_follow_the_target(cls, data: Any) -> Any:
+        """The bundled draft and EAGLE head serve only the bundled target: another target gets neither
+        unless one is named, and drafts with the model it is given, else with the suffix drafter."""
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, dict) or str(models.get("target", "bundled:")).startswith("bundled:"):
+            return data
+        models = {"draft": None, "eagle": None, **models}
+        drafter = data.get("drafter") or {}
+        if isinstance(drafter, dict) and "kind" not in drafter:
+            drafter = {**drafter, "kind": "draft" if models["draft"] else "eagle" if models["eagle"] else "suffix"}
+        return {**data, "models": models, "drafter": drafter}
 
     @property
     def max_lookahead(self) -> int:

@@ -132,3 +132,15 @@ def test_factory_string_entry_points_use_the_config_parser():
         make_lookahead("fixed:x", 4)
     with pytest.raises(ValueError, match="max_lookahead"):
         make_lookahead("fixed:9", 4)  # no silent clamp here either
+
+
+def test_another_target_drops_the_bundled_drafters_unless_named():
+    other = load_config(None, ["models.target=/models/llama"])
+    assert other.models.draft is None and other.models.eagle is None and other.drafter.kind == "suffix"
+    named = load_config(None, ["models.target=/models/llama", "models.draft=/models/small"])
+    assert named.models.draft == "/models/small" and named.drafter.kind == "draft"
+    chosen = load_config(None, ["models.target=/models/llama", "drafter.kind=ngram"])
+    assert chosen.drafter.kind == "ngram"
+    bundled = load_config(None, [])
+    assert bundled.models.draft == "bundled:draft" and bundled.drafter.kind == "draft"
+    assert load_config(None, ["models.target=bundled:target"]).models.eagle == "bundled:eagle"

@@ -25,7 +25,7 @@ def references(tiny_pair):
     return requests, refs
 
 
-@pytest.mark.parametrize("drafter", ["draft", "ngram", "none"])
+@pytest.mark.parametrize("drafter", ["draft", "ngram", "suffix", "none"])
 @pytest.mark.parametrize("lookahead", ["fixed:1", "fixed:3", "fixed:5", "mixed"])
 @pytest.mark.parametrize("batch", [1, 7, 32])
 def test_greedy_matches_target(tiny_pair, references, drafter, lookahead, batch):

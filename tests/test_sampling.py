@@ -115,7 +115,7 @@ PROMPT = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to prop
 
 @pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
 @pytest.mark.parametrize("drafter,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9), ("ngram", 1.0, 1.0),
-                                                       ("eagle", 0.7, 0.9)])
+                                                       ("suffix", 1.0, 1.0), ("eagle", 0.7, 0.9)])
 def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, small_vocab_eagle, drafter, temperature,
                                                          top_p, coupling):
     """Enumerate the exact law of the first two tokens (V² outcomes) and compare by chi-square."""
@@ -125,9 +125,9 @@ def test_engine_samples_first_two_tokens_from_target_law(small_vocab_pair, small
     assert sum(r.num_proposed for r in rows) > 0
 
 
-@pytest.mark.slow  # 6 × ~13 s
+@pytest.mark.slow  # 8 × ~13 s
 @pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
-@pytest.mark.parametrize("drafter", ["draft", "ngram", "eagle"])
+@pytest.mark.parametrize("drafter", ["draft", "ngram", "suffix", "eagle"])
 def test_a_token_after_an_accepted_draft_follows_the_target_law(small_vocab_pair, small_vocab_eagle, drafter, coupling):
     """Requests of 4 tokens, so the round after the first token runs k = 2 and the rule also decides
     at draft position 1, after an accepted draft: the law of the first three tokens (V³ outcomes),

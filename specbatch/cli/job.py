@@ -34,7 +34,7 @@ def submit(
     output: Annotated[str | None, typer.Option(
         help="where job directories go: a folder or an object-store URL such as s3://bucket/jobs "
              "(default: outputs; with --deployment, the deployment's)")] = None,
-    drafter: Annotated[str | None, typer.Option(help="draft | ngram | none")] = None,
+    drafter: Annotated[str | None, typer.Option(help="draft | eagle | ngram | suffix | none")] = None,
     lookahead: Annotated[str | None, typer.Option(help="fixed:K | adaptive | slack")] = None,
     order: Annotated[str | None, typer.Option(help="fcfs | sjf | laps-sd | specbatch")] = None,
     prefill_chunk: Annotated[str | None, typer.Option(help="fixed:N | deadline")] = None,

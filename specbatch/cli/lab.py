@@ -31,7 +31,7 @@ def bench(
         help="a dataset a job could run (JSONL, Parquet, ...): its first --prompts records instead of held-out ones",
     )] = None,
     drafters: Annotated[str, typer.Option(help="drafters to run specbatch with, comma-separated: "
-                                               "none,draft,eagle,ngram")] = "none,eagle,draft,ngram",
+                                               "none,draft,eagle,ngram,suffix")] = "none,eagle,draft,ngram,suffix",
     lookahead: Annotated[str, typer.Option(help="lookahead policies, comma-separated (e.g. fixed:4,adaptive); "
                                                 "default: the config's")] = "",
     peer: Annotated[str | None, typer.Option(help="run a peer engine on the same token ids: vllm")] = None,

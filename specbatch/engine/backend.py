@@ -67,7 +67,7 @@ class HFBackend:
                 self.prefix.retain(row, slot)  # its prompt's KV stays valid in the slot until it is reused
             else:
                 self.prefix.forget(row)
-        self.drafter.forget(row.request_id)
+        self.drafter.forget(row)
         if finished:
             self.coupling.release(row)
 

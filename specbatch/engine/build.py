@@ -21,6 +21,7 @@ from specbatch.engine.graphs import GraphMode, decode_step, warm_shapes
 from specbatch.engine.loading import check_same_tokenizer, kv_shape, load_model, load_tokenizer
 from specbatch.engine.model_paths import ModelLoadError
 from specbatch.engine.slot_cache import SlotCache
+from specbatch.engine.suffix_drafter import SuffixDrafter
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.factory import job_buckets
@@ -139,6 +140,8 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
         drafter = EagleDrafter(head, draft_cache, target_device)
     elif config.drafter.kind == "ngram":
         drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
+    elif config.drafter.kind == "suffix":
+        drafter = SuffixDrafter(config.drafter)
     else:
         drafter = NoDrafter()
 

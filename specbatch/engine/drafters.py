@@ -3,7 +3,8 @@
 `DraftModelDrafter` runs a small causal LM with its own slot cache (same slots as the target),
 `NgramDrafter` looks the row's last n-gram up in its own prompt + output (prompt lookup), and
 `NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path). The EAGLE-3 head,
-which drafts from the target's hidden states, is `engine/eagle_drafter.py`.
+which drafts from the target's hidden states, is `engine/eagle_drafter.py`; the suffix drafter, which
+drafts from the whole job's outputs, `engine/suffix_drafter.py`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class Drafter(Protocol):
     def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
         """The target's hidden states of a pass (only for a drafter that reads them)."""
 
-    def forget(self, request_id: str) -> None:
-        """A request left the engine (finished or preempted): drop what the drafter keeps for it."""
+    def forget(self, row: Row) -> None:
+        """A row left the engine (finished, preempted or cancelled): drop what the drafter keeps for it."""
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
                 coupling: Coupling) -> Proposals:
@@ -45,7 +46,7 @@ class NoDrafter:
     def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
         return None
 
-    def forget(self, request_id: str) -> None:
+    def forget(self, row: Row) -> None:
         return None
 
     def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],

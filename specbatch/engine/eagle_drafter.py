@@ -72,8 +72,8 @@ class EagleDrafter:
             else:
                 self.features[row.request_id] = _Features(start, [new], length)
 
-    def forget(self, request_id: str) -> None:
-        self.features.pop(request_id, None)
+    def forget(self, row: Row) -> None:
+        self.features.pop(row.request_id, None)
 
     def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
         """Feed positions starts..ends (their target features came with this round's prefill pass)."""

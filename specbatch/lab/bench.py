@@ -260,7 +260,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
               overrides: list[str] | None = None, assisted_prompts: int | None = None,
               console: Console | None = None, graphs: tuple[str, ...] = ("eager",),
               job_prompts: int = 2000, prompts_file: Path | None = None,
-              drafters: tuple[str, ...] = ("none", "eagle", "draft", "ngram"), lookaheads: tuple[str, ...] = (),
+              drafters: tuple[str, ...] = ("none", "eagle", "draft", "ngram", "suffix"),
+              lookaheads: tuple[str, ...] = (),
               peer: str | None = None, peer_venv: Path = Path(".peer/vllm"), repeats: int = 1,
               workload: str = "heldout", workload_size: WorkloadSize | None = None,
               prefix_cache: tuple[str, ...] = ("on",)) -> list[BenchResult]:

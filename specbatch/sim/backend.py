@@ -63,7 +63,7 @@ class SimBackend:
         """`outputs[request_id]` = (output tokens the request generates, whether the last is EOS);
         `max_kv_len` is a slot's length (context + max lookahead + 1), the KV-length ceiling;
         `timing_noise` the σ of the log of each round's speed factor (0: every round as priced)."""
-        if drafter_kind not in ("draft", "eagle", "ngram", "none"):
+        if drafter_kind not in ("draft", "eagle", "ngram", "suffix", "none"):
             raise ValueError(f"unknown drafter kind {drafter_kind!r}")
         self.cost, self.acceptance, self.clock, self.buckets = cost, acceptance, clock, buckets
         self.max_kv_len, self.outputs, self.seed = max_kv_len, outputs, seed

@@ -1,0 +1,52 @@
+"""`SuffixDrafter`: model-free drafting from what this job has already seen (SuffixDecoding-style).
+
+Two suffix indexes answer each row: its own tokens (prompt and output so far, as prompt lookup
+does) and the job-wide index of completed rows' outputs, each with the prompt tokens just before
+it, so that the first output tokens match too. The draft with the higher score (the sum of its
+tokens' estimated probabilities) is proposed; its length follows the match (see
+`SuffixIndex.draft`). Drafts are point masses: the target's verify pass and the rejection rule
+keep the output law exact, whatever the index proposes.
+
+The job-wide index lives as long as the worker's engine and forgets its oldest outputs past
+`drafter.suffix_max_tokens`; a row's own index lives while the row runs.
+"""
+
+from __future__ import annotations
+
+from specbatch.config import DrafterConfig
+from specbatch.core import Proposals, Row, Status
+from specbatch.engine.coupling import Coupling
+from specbatch.engine.drafters import NoDrafter
+from specbatch.engine.suffix_index import BoundedSuffixIndex, GrowingSuffixIndex, SuffixDraft
+
+
+class SuffixDrafter(NoDrafter):
+    def __init__(self, config: DrafterConfig) -> None:
+        self.max_depth, self.min_prob = config.suffix_max_depth, config.suffix_min_prob
+        self.spec_factor = config.suffix_spec_factor
+        self.job_index = BoundedSuffixIndex(config.suffix_max_depth, config.suffix_max_tokens)
+        self.row_indexes: dict[str, GrowingSuffixIndex] = {}
+
+    def forget(self, row: Row) -> None:
+        self.row_indexes.pop(row.request_id, None)
+        if row.status is Status.COMPLETED and row.num_output_tokens:
+            self.job_index.add(row.token_ids[max(0, row.num_prompt_tokens - self.max_depth + 1) :])
+
+    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+                coupling: Coupling) -> Proposals:
+        tokens = [self.best_draft(row, k).token_ids if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
+        return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
+
+    def best_draft(self, row: Row, k: int) -> SuffixDraft:
+        own = self._row_index(row).draft(row.token_ids, k, self.min_prob, self.spec_factor)
+        job = self.job_index.draft(row.token_ids, k, self.min_prob, self.spec_factor)
+        return job if job.score > own.score else own
+
+    def _row_index(self, row: Row) -> GrowingSuffixIndex:
+        """The row's index, brought up to all its tokens but the last: a context must not match
+        itself, only earlier occurrences of its suffix."""
+        index = self.row_indexes.get(row.request_id)
+        if index is None or index.num_tokens > row.num_tokens - 1:  # new, or its tokens were cut back
+            index = self.row_indexes[row.request_id] = GrowingSuffixIndex(self.max_depth)
+        index.extend(row.token_ids[index.num_tokens : row.num_tokens - 1])
+        return index

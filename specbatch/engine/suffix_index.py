@@ -1,0 +1,161 @@
+"""A frequency-counted index of every substring (up to `max_depth` tokens) of the sequences put in it:
+the suffix drafter's memory of what the job has produced (SuffixDecoding, Oliaro et al. 2024).
+
+The index is a trie of the substrings that start at each position of each sequence, cut at
+`max_depth` tokens: a node's count is how many times its path occurs. Any substring of an indexed
+substring is indexed too, so if the last m tokens of a context occur, so do its last m − 1; the
+longest matching suffix is found by bisection. Continuations are ranked by count, and a token's
+probability is estimated as its node's count over its parent's.
+
+Sequences grow one token at a time (a running row's own tokens) and leave in the order they came
+(the job-wide index forgets its oldest sequences past `max_tokens`): nodes never exceed
+`max_depth` × the tokens indexed, whatever the length of the job.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass
+
+
+class _Node:
+    """A trie node: most are leaves, so a node has no children dict until it gets a child."""
+
+    __slots__ = ("count", "children")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, _Node] | None = None
+
+
+@dataclass
+class SuffixDraft:
+    """A proposed continuation, the probability estimate of each of its tokens, and the length of
+    the context suffix it was matched on."""
+
+    token_ids: list[int]
+    probs: list[float]
+    match_len: int
+
+    @property
+    def score(self) -> float:
+        """Expected accepted tokens, if the estimates were right (SuffixDecoding's ranking)."""
+        return sum(self.probs)
+
+
+class SuffixIndex:
+    def __init__(self, max_depth: int) -> None:
+        if max_depth < 2:
+            raise ValueError(f"a suffix index needs max_depth >= 2, not {max_depth}")
+        self.max_depth = max_depth
+        self.root = _Node()
+        self.num_nodes = 0
+        self.num_tokens = 0  # tokens of the sequences indexed
+
+    def add(self, token_ids: list[int]) -> None:
+        """Index one whole sequence."""
+        for start in range(len(token_ids)):
+            node = self.root
+            for token in token_ids[start : start + self.max_depth]:
+                node = self._child(node, token)
+                node.count += 1
+        self.num_tokens += len(token_ids)
+
+    def remove(self, token_ids: list[int]) -> None:
+        """Un-index a sequence `add` indexed; nodes no sequence reaches any more are dropped."""
+        for start in range(len(token_ids)):
+            node = self.root
+            for token in token_ids[start : start + self.max_depth]:
+                assert node.children is not None
+                child = node.children[token]
+                child.count -= 1
+                if child.count == 0:
+                    self.num_nodes -= _size(child)
+                    del node.children[token]
+                    break
+                node = child
+        self.num_tokens -= len(token_ids)
+
+    def draft(self, context: list[int], max_tokens: int, min_prob: float, spec_factor: float) -> SuffixDraft:
+        """The likeliest continuation of `context`'s longest indexed suffix: at most `max_tokens`
+        tokens, at most `spec_factor` × the match length (a short match is weak evidence), and only
+        while the estimated probability of the whole continuation stays at least `min_prob`."""
+        if max_tokens <= 0:
+            return SuffixDraft([], [], 0)
+        longest = min(len(context), max(1, self.max_depth - max_tokens))  # leave the match room to continue
+        match_len = bisect_left(range(1, longest + 1), True, key=lambda m: self._walk(context[-m:]) is None)
+        node = self._walk(context[len(context) - match_len :]) if match_len else None
+        draft = SuffixDraft([], [], match_len)
+        limit = min(max_tokens, int(spec_factor * match_len), self.max_depth - match_len)
+        prob = 1.0
+        while node is not None and node.children and len(draft.token_ids) < limit:
+            token, child = max(node.children.items(), key=lambda item: item[1].count)
+            prob *= child.count / node.count
+            if prob < min_prob:
+                break
+            draft.token_ids.append(token)
+            draft.probs.append(prob)
+            node = child
+        return draft
+
+    def _walk(self, tokens: list[int]) -> _Node | None:
+        node = self.root
+        for token in tokens:
+            child = node.children.get(token) if node.children else None
+            if child is None:
+                return None
+            node = child
+        return node
+
+    def _child(self, node: _Node, token: int) -> _Node:
+        if node.children is None:
+            node.children = {}
+        child = node.children.get(token)
+        if child is None:
+            child = node.children[token] = _Node()
+            self.num_nodes += 1
+        return child
+
+
+def _size(node: _Node) -> int:
+    """Nodes in the subtree under and including `node`."""
+    return 1 + sum(_size(child) for child in (node.children or {}).values())
+
+
+class GrowingSuffixIndex(SuffixIndex):
+    """The index of one sequence that grows by appended tokens (a running row's prompt and output):
+    each token extends the paths of the last `max_depth` starts, so an append costs `max_depth` steps."""
+
+    def __init__(self, max_depth: int) -> None:
+        super().__init__(max_depth)
+        self.frontier: deque[_Node] = deque()  # the path ends of the last max_depth − 1 starts
+
+    def extend(self, token_ids: list[int]) -> None:
+        for token in token_ids:
+            self.frontier.append(self.root)
+            ends: deque[_Node] = deque()
+            for node in self.frontier:
+                child = self._child(node, token)
+                child.count += 1
+                ends.append(child)
+            if len(ends) == self.max_depth:  # that start's substring is max_depth long: it ends here
+                ends.popleft()
+            self.frontier = ends
+        self.num_tokens += len(token_ids)
+
+
+class BoundedSuffixIndex(SuffixIndex):
+    """A job-wide index of whole sequences that forgets the oldest once it holds over `max_tokens`."""
+
+    def __init__(self, max_depth: int, max_tokens: int) -> None:
+        super().__init__(max_depth)
+        self.max_tokens = max_tokens
+        self.sequences: deque[list[int]] = deque()
+
+    def add(self, token_ids: list[int]) -> None:
+        token_ids = token_ids[-self.max_tokens :]
+        super().add(token_ids)
+        self.sequences.append(token_ids)
+        while self.num_tokens > self.max_tokens:
+            self.remove(self.sequences.popleft())
