@@ -1,7 +1,8 @@
 """Loading a target/draft pair and tokenizer from local Hugging Face directories.
 
-`bundled:target` and `bundled:draft` name the demo pair shipped inside the package. Nothing is
-fetched from a hub; `trust_remote_code` stays off unless the config turns it on.
+`bundled:target` and `bundled:draft` name the demo pair shipped inside the package; a `.gguf` file
+(or `smollm2-135m`) is read from its converted folder (`gguf_models.model_dir`). Nothing is fetched
+from a hub; `trust_remote_code` stays off unless the config turns it on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import ModelsConfig
-from specbatch.engine.model_paths import ModelLoadError, resolve_dir, resolve_model_path
+from specbatch.engine.gguf_models import model_dir
+from specbatch.engine.model_paths import ModelLoadError
 from specbatch.sched.capacity import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,9 @@ def _window_reason(text: PreTrainedConfig) -> str | None:
 
 def read_config(name: str, models: ModelsConfig) -> PreTrainedConfig:
     """A model's config.json, refused here if the engine cannot run the model exactly."""
+    path = model_dir(name)  # its own errors say what is wrong
     try:
-        config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=models.trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=models.trust_remote_code)
     except (OSError, ValueError, KeyError) as error:
         raise ModelLoadError(f"cannot read the model config at {name}: {error}") from error
     if (reason := unsupported_reason(config)) is not None:
@@ -106,7 +109,7 @@ def read_config(name: str, models: ModelsConfig) -> PreTrainedConfig:
 
 
 def load_tokenizer(models: ModelsConfig) -> PreTrainedTokenizerBase:
-    path = resolve_dir(models.tokenizer or models.target)
+    path = model_dir(models.tokenizer or models.target, need_config=False)
     if not path.is_dir():
         raise ModelLoadError(f"tokenizer path {path} is not a directory")
     try:
@@ -117,7 +120,7 @@ def load_tokenizer(models: ModelsConfig) -> PreTrainedTokenizerBase:
 
 def load_model(name: str, models: ModelsConfig, device: str | None = None) -> PreTrainedModel:
     """Load `name` in the job's dtype and attention kernel onto `device` (default: models.device)."""
-    path, config = resolve_model_path(name), read_config(name, models)
+    path, config = model_dir(name), read_config(name, models)
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -132,7 +135,7 @@ def load_model(name: str, models: ModelsConfig, device: str | None = None) -> Pr
 def check_same_tokenizer(target_dir: str, draft_dir: str, tokenizer: PreTrainedTokenizerBase,
                          models: ModelsConfig) -> None:
     """A draft is only usable if it tokenizes exactly as the target does."""
-    draft_path = resolve_model_path(draft_dir)
+    draft_path = model_dir(draft_dir)
     if not any((draft_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return  # a draft without its own tokenizer files is assumed to share the target's
     draft_tokenizer = AutoTokenizer.from_pretrained(draft_path, trust_remote_code=models.trust_remote_code)

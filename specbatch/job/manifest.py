@@ -1,4 +1,5 @@
-"""`JOB_DIR/manifest.json`: what a job is (config, dataset fingerprint, versions) and how far it got.
+"""`JOB_DIR/manifest.json`: what a job is (config, dataset and GGUF model fingerprints, versions) and
+how far it got.
 
 Several worker processes update one manifest, so every change goes through `update_manifest`, which
 holds an exclusive `fcntl.flock` on `JOB_DIR/.manifest.lock` around load -> change -> save. Saves are
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specbatch.config import JobConfig, config_to_dict
+from specbatch.engine.model_paths import gguf_file
 from specbatch.faults import crash_point
 from specbatch.ledger import parse_part_name
 from specbatch.storage import Location, fsync_dir, is_url, open_input, open_no_follow, open_storage
@@ -82,6 +84,7 @@ class Manifest(_Model):
     dataset: DatasetInfo
     config: dict[str, Any]
     config_history: list[dict[str, Any]] = []  # per resume that changed it: {at, changed: {field: [old, new]}, forced}
+    model_files: dict[str, str] = {}  # config field naming a GGUF file (models.target, ...) -> its `fingerprint`
     versions: dict[str, str]
     shards: list[ShardEntry] = []
     parts: list[str] = []  # committed part names, in commit order (manifest.json + the journal)
@@ -116,8 +119,19 @@ def new_manifest(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         dataset=dataset,
         config=config_to_dict(config),
+        model_files=model_fingerprints(config),
         versions=collect_versions(),
     )
+
+
+def model_fingerprints(config: JobConfig) -> dict[str, str]:
+    """`fingerprint` of each GGUF file the job's models use, by config field: the config holds only
+    a path, and other bytes under it (another quantization, a package upgrade) are another model."""
+    models = config.models
+    named = {"models.target": models.target, "models.tokenizer": models.tokenizer,
+             "models.draft": models.draft if config.drafter.kind == "draft" else None}
+    return {field: fingerprint(file) for field, name in named.items()
+            if name is not None and (file := gguf_file(name)) is not None}
 
 
 def fingerprint(path: Location) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specbatch.config import ConfigError, JobConfig
 from specbatch.engine.build import Models, eos_token_ids, kv_bytes_per_token, max_context
+from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.model_paths import resolve_dir
 from specbatch.lab.prompts import BenchPrompt
 
@@ -44,8 +45,8 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
     max_model_len = max_context(config, models)
     modes = [mode for mode in PEER_MODES if (mode in drafters or mode == "none") and request_has(config, mode)]
     request = {
-        "target": str(resolve_dir(config.models.target)),
-        "draft": str(resolve_dir(config.models.draft)) if config.models.draft else None,
+        "target": str(model_dir(config.models.target)),  # a GGUF: its converted folder, as the engine reads
+        "draft": str(model_dir(config.models.draft)) if config.models.draft else None,
         "eagle": str(resolve_dir(config.models.eagle)) if config.models.eagle else None,
         "num_speculative_tokens": max(num_speculative_tokens, 1),
         "ngram_min": config.drafter.ngram_min, "ngram_max": config.drafter.ngram_max,

@@ -1,0 +1,168 @@
+"""GGUF model files as ordinary Hugging Face directories: converted once, cached, then loaded as any.
+
+The engine, its checks and the vLLM peer all read a HF directory (config.json, safetensors,
+tokenizer files). transformers reads a GGUF (llama.cpp's format) only by dequantizing it on every
+load, and its tokenizer is rebuilt from the file's `tokenizer.ggml.*` metadata. So the first use
+converts the file into `$SPECBATCH_CACHE_DIR/gguf/<sha256[:16]>/` (default `~/.cache/specbatch`),
+keyed by the file's bytes, and every later load (each worker, resumes, other jobs) reads that
+folder, in the job's `models.dtype` as for any checkpoint. Weights are saved in float32: the
+dequantization computes in float32, so nothing is rounded before the job's dtype is applied.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from specbatch.engine.model_paths import ModelLoadError, gguf_file, resolve_dir, resolve_model_path
+from specbatch.storage import fsync_dir
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "SPECBATCH_CACHE_DIR"
+_CHUNK_BYTES = 1 << 20
+
+
+def model_dir(name: str, need_config: bool = True) -> Path:
+    """The local HF directory the engine loads `name` from: a GGUF's converted folder (made on first
+    use), else the directory named, checked for a config.json unless `need_config` is off (a
+    tokenizer's folder needs none)."""
+    if (file := gguf_file(name)) is not None:
+        return converted_dir(file)
+    return resolve_model_path(name) if need_config else resolve_dir(name)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "specbatch").expanduser()
+
+
+def converted_dir(file: Path) -> Path:
+    """`file`'s cached HF folder, converted first if no process has. Under a lock, so that workers
+    starting together convert once; into a temporary folder renamed into place, so that a killed
+    conversion leaves nothing a later load would take for a model."""
+    root = cache_root() / "gguf"
+    folder = root / file_sha256(file)[:16]
+    if folder.is_dir():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{folder.name}.lock"):
+        if not folder.is_dir():
+            _convert_into(file, folder)
+    return folder
+
+
+def _convert_into(file: Path, folder: Path) -> None:
+    for stale in folder.parent.glob(f".{folder.name}.*"):  # a killed conversion's; none runs (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    log.info("converting %s into a Hugging Face folder %s (once per file)", file, folder)
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        convert_gguf(file, work)
+        for written in work.iterdir():
+            _fsync_file(written)
+        work.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+        work.rename(folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    fsync_dir(folder.parent)
+
+
+def convert_gguf(file: Path, out: Path) -> None:
+    """Dequantize `file` into a HF folder `out`: config, float32 safetensors, tokenizer."""
+    hf_logging.disable_progress_bar()
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            file.parent, gguf_file=file.name, dtype=torch.float32, **_dequantizing())
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as error:
+        raise ModelLoadError(f"GGUF file {file} (architecture {gguf_architecture(file)!r}) cannot be loaded by "
+                             f"transformers {transformers.__version__}: {error}") from error
+    _plain_copy(loaded).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _dequantizing() -> dict[str, Any]:
+    """What makes `from_pretrained` unpack every block: releases with `GgufConfig` may keep them packed
+    for a matmul kernel; earlier 5.x releases always unpack."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _plain_copy(loaded: PreTrainedModel) -> PreTrainedModel:
+    """The same weights in a model transformers will save: it refuses one it marks as quantized."""
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    model.tie_weights()
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise ModelLoadError(f"GGUF weights do not fit {type(model).__name__}: missing {sorted(set(missing) - tied)}, "
+                             f"unexpected {sorted(unexpected)}")
+    model.generation_config = loaded.generation_config
+    return model
+
+
+def gguf_architecture(file: Path) -> str:
+    """The file's `general.architecture` (llama.cpp's name), or '?' if it cannot be read."""
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(file).get_field("general.architecture")
+        return str(field.contents()) if field is not None else "?"
+    except (OSError, ValueError):
+        return "?"
+
+
+def file_sha256(file: Path) -> str:
+    stat = file.stat()
+    return _sha256(str(file.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _sha256(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    """Memoized by the file's identity and change stamp: a process resolves a model several times
+    (config, weights, tokenizer), and a multi-GB file takes seconds to hash."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as stream:
+        while chunk := stream.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes, released when the file closes, even by `kill -9`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
