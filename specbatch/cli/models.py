@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -60,21 +60,31 @@ def train_demo(
 def train_eagle(
     output: Annotated[Path, typer.Option(help="where to write the head (public EAGLE-3 layout) and its card")] = Path(
         "specbatch/models/demo/eagle"),
-    target: Annotated[Path, typer.Option(help="the target's directory")] = Path("specbatch/models/demo/target"),
+    target: Annotated[str, typer.Option(help="the target: a Hugging Face directory or a configured name")] = (
+        "specbatch/models/demo/target"),
     checkpoints: Annotated[Path, typer.Option(help="where checkpoints go; a run resumes from them")] = Path(
         "outputs/eagle-training"),
+    data: Annotated[str, typer.Option(help="corpus: text windows (the bundled base target's recipe); instruct: "
+                                           "the target's answers to chat requests; auto: instruct for a target "
+                                           "with a chat template other than the bundled one")] = "auto",
     steps: Annotated[int | None, typer.Option(help="override the recipe's steps")] = None,
+    draft_vocab: Annotated[int | None, typer.Option(help="instruct: override the draft vocabulary size")] = None,
+    prompts: Annotated[int | None, typer.Option(help="instruct: override the number of train prompts")] = None,
 ) -> None:
-    """Train (or resume) the bundled EAGLE-3 head for the bundled target (the recipe, resumable)."""
-    from dataclasses import replace
-
-    from specbatch.models.train_eagle import EagleRecipe
+    """Train (or resume) an EAGLE-3 head for a target (the recipe, resumable: rerun the same command)."""
+    from specbatch.engine.model_paths import ModelLoadError
+    from specbatch.models.train_eagle import DataKind, recipe_for
     from specbatch.models.train_eagle import train_eagle as train
 
+    if data not in ("auto", "corpus", "instruct"):
+        fail("--data must be auto, corpus or instruct")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    recipe = EagleRecipe()
+    try:
+        recipe = recipe_for(target, cast(DataKind, data), steps, draft_vocab, prompts)
+    except ModelLoadError as error:
+        fail(str(error))
     checkpoints.mkdir(parents=True, exist_ok=True)
-    card = train(target, output, checkpoints, replace(recipe, steps=steps or recipe.steps))
+    card = train(target, output, checkpoints, recipe)
     console.print(f"EAGLE head written to {output}: held-out agreement {card['heldout']}")
 
 
