@@ -53,9 +53,8 @@ class InstructRecords:
                       for domain in DOMAINS)
         prompts = [prompt for pair in zip(code, chat, strict=True) for prompt in pair]  # a longer run keeps the batches
         self.records = cached_records(target, prompts, generation, directory / "train")
-        vocab_size = target.config.get_text_config().vocab_size
-        self.vocab_size = vocab_size
-        self.draft_ids = draft_vocabulary(self.records, vocab_size, min(data.draft_vocab_size, vocab_size))
+        self.vocab_size = target.config.get_text_config().vocab_size
+        self.draft_ids = draft_vocabulary(self.records, self.vocab_size, min(data.draft_vocab_size, self.vocab_size))
         log.info("%d answers (%d tokens) recorded; draft vocabulary %d covers %s of held-out answer tokens",
                  len(self.records), sum(len(r.token_ids) - r.num_prompt_tokens for r in self.records),
                  len(self.draft_ids), self.coverage())
