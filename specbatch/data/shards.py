@@ -63,6 +63,16 @@ class ShardInfo:
     name: str
     num_records: int
     num_dropped: int
+    max_request_tokens: int | None = None  # longest kept prompt + max_new_tokens; None: a prompt not tokenized
+
+
+def max_request_tokens(requests: list[Request]) -> int | None:
+    """Positions the longest kept request can fill (prompt + max_new_tokens): what a worker sizes its
+    KV slots to instead of the model's whole context. None when a kept prompt has no token ids."""
+    kept = [request for request in requests if not request.is_dropped]
+    needs = [len(r.prompt_token_ids) + r.max_new_tokens for r in kept
+             if r.prompt_token_ids is not None and r.max_new_tokens is not None]
+    return max(needs, default=0) if len(needs) == len(kept) else None
 
 
 def shard_dataset(
@@ -195,7 +205,7 @@ class ShardWriter:
         self.storage.write_parquet(f"{SHARDS_FOLDER}/{name}", requests_to_table(requests), durable=False)
         reasons = [request.drop_reason for request in requests if request.drop_reason is not None]
         self.drop_counts.update(reasons)
-        self.shards.append(ShardInfo(name, len(requests), len(reasons)))
+        self.shards.append(ShardInfo(name, len(requests), len(reasons), max_request_tokens(requests)))
         crash_point("ingest_shard")
 
 

@@ -110,10 +110,31 @@ def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int, graphs: G
     return cache
 
 
-def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimits]:
+def num_slot_positions(config: JobConfig, context: int, max_request_tokens: int | None) -> int:
+    """Positions one slot holds: the context, plus a verify pass's pending token and lookahead.
+
+    A job that knows its longest request (prompt + max_new_tokens, recorded at ingest) never fills
+    more, so its slots stop there: at the context limit (SmolLM2-135M: 8192 positions) slots for
+    300-token requests are mostly unused memory, allocated and zeroed. That bound leaves room for
+    the widest pass a row's last positions pad to, and is rounded up to the KV-length multiple so
+    that every pass attends over the same KV bucket as with whole-context slots: the same shapes,
+    the same outputs. `None` (a job ingested before the record): the whole context."""
+    k_max = config.max_lookahead
+    if max_request_tokens is None:
+        return context + k_max + 1
+    buckets = job_buckets(config)
+    # a running row holds fewer tokens; its next pass starts at its last one, padded to a query bucket
+    widest_pass = max((k_max + 1, *buckets.query_len))
+    return min(context + k_max + 1, buckets.kv_len(max_request_tokens + widest_pass))
+
+
+def hf_backend(config: JobConfig, models: Models, max_request_tokens: int | None = None
+               ) -> tuple[HFBackend, EngineLimits]:
+    """The backend and its limits. `max_request_tokens` sizes only the slots (`num_slot_positions`):
+    the limits keep the model's context, which the scheduler and the stop rule compare against."""
     k_max = config.max_lookahead
     context = max_context(config, models)
-    slot_len = context + k_max + 1
+    slot_len = num_slot_positions(config, context, max_request_tokens)
     num_slots = config.scheduler.max_batch_rows + 1  # + scratch slot for padded batch rows
     graphs, max_rows = config.models.graphs, config.scheduler.max_batch_rows
     buckets = job_buckets(config)
@@ -158,7 +179,8 @@ def hf_backend(config: JobConfig, models: Models) -> tuple[HFBackend, EngineLimi
     return backend, limits
 
 
-def build_hf_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0) -> Engine:
-    """The engine of one worker on real models."""
-    backend, limits = hf_backend(config, models)
+def build_hf_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0,
+                    max_request_tokens: int | None = None) -> Engine:
+    """The engine of one worker on real models, its slots sized to `max_request_tokens` if known."""
+    backend, limits = hf_backend(config, models, max_request_tokens)
     return build_engine(config, backend, limits, recorder, worker_id)

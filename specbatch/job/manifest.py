@@ -73,6 +73,7 @@ class ShardEntry(_Model):
     name: str
     num_records: int
     num_dropped: int
+    max_request_tokens: int | None = None  # longest prompt + max_new_tokens; None: unknown (older manifests)
     status: ShardStatus = "pending"
     worker_id: int | None = None
 
@@ -93,7 +94,8 @@ class Manifest(_Model):
     def set_shards(self, shards: Iterable[ShardInfo]) -> None:
         """Record the shards ingest wrote; all start `pending`."""
         self.shards = [
-            ShardEntry(name=shard.name, num_records=shard.num_records, num_dropped=shard.num_dropped)
+            ShardEntry(name=shard.name, num_records=shard.num_records, num_dropped=shard.num_dropped,
+                       max_request_tokens=shard.max_request_tokens)
             for shard in shards
         ]
         self.dataset.num_records = sum(entry.num_records for entry in self.shards)

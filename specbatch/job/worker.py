@@ -38,7 +38,7 @@ from specbatch.fences import run_epoch
 from specbatch.job.finalize import DONE_STATUSES
 from specbatch.job.lease import LeaseHeldError, hold_lease
 from specbatch.job.lock import check_epoch
-from specbatch.job.manifest import append_part, load_manifest, update_manifest
+from specbatch.job.manifest import ShardEntry, append_part, load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
 from specbatch.loop import Engine
 from specbatch.storage import Location, is_url, join, open_no_follow, open_storage
@@ -67,9 +67,16 @@ class WorkerProgress:
         self.num_accepted += num_accepted
 
 
-def my_shards(job_dir: Location, worker_id: int, num_workers: int) -> list[str]:
+def my_shards(job_dir: Location, worker_id: int, num_workers: int) -> list[ShardEntry]:
     shards = load_manifest(job_dir).shards
-    return [shard.name for index, shard in enumerate(shards) if index % num_workers == worker_id]
+    return [shard for index, shard in enumerate(shards) if index % num_workers == worker_id]
+
+
+def max_request_tokens(shards: list[ShardEntry]) -> int | None:
+    """The longest request (prompt + max_new_tokens) of these shards, which the worker's KV slots
+    are sized to; None when a shard has no record of it (ingested before it was kept)."""
+    needs = [shard.max_request_tokens for shard in shards if shard.max_request_tokens is not None]
+    return max(needs, default=0) if len(needs) == len(shards) else None
 
 
 def to_row(request: Request) -> Row:
@@ -111,13 +118,14 @@ def run_worker(
     with worker_lock(job_dir, worker_id, lease_s=config.workers.lease_s) as lease_lost:  # one runner per id
         remove_orphan_parts(job_dir, worker_id)
         done = committed_request_ids(job_dir, DONE_STATUSES)  # cancelled rows, even late ones, run again
-        names = my_shards(job_dir, worker_id, num_workers)
+        shards = my_shards(job_dir, worker_id, num_workers)
+        names = [shard.name for shard in shards]
         if config.models.graphs != "eager":
             use_compile_cache(open_storage(job_dir).local_dir() / "compile-cache")
         models = models or load_models(config)
         writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s,
                             before_commit=lambda: _check_commit(job_dir, run_id, lease_lost, worker_id))
-        engine = build_hf_engine(config, models, writer, worker_id)
+        engine = build_hf_engine(config, models, writer, worker_id, max_request_tokens(shards))
         progress = WorkerProgress()
         _mark_shards(job_dir, names, "running", worker_id)
         feed = pending_requests(job_dir, names, done)
