@@ -143,7 +143,8 @@ def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
     swung a short batch-128 row by 2×."""
     started = clock()
     recorder = MemoryRecorder()
-    engine = build_hf_engine(config, models, recorder)
+    need = max(len(prompt.prompt_ids) + prompt.max_new_tokens for prompt in prompts)  # slots sized as a job's
+    engine = build_hf_engine(config, models, recorder, max_request_tokens=need)
     engine.clock = clock
     built = clock()
     rows = [prompt.to_row() for prompt in prompts]
