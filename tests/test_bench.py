@@ -25,7 +25,8 @@ from specbatch.records import RoundRecord
 def test_bench_runs_every_configuration_at_every_batch_size_exactly():
     results = run_bench(4, 16, (2, 1), overrides=["scheduler.lookahead=fixed:2"], assisted_prompts=2,
                         console=Console(file=io.StringIO()))
-    configurations = ["hf-generate", "specbatch-none", "specbatch-eagle", "specbatch-draft", "specbatch-ngram"]
+    configurations = ["hf-generate", "specbatch-none", "specbatch-eagle", "specbatch-draft", "specbatch-ngram",
+                      "specbatch-suffix"]
     assert [(r.batch_rows, r.name) for r in results] == [
         *((1, name) for name in configurations), *((2, name) for name in configurations), (1, "hf-assisted")]
     assert all(r.exact_match == 1.0 for r in results)
