@@ -362,6 +362,11 @@ def _url_to_fs(url: str) -> tuple[Any, str]:
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or new file in `path` durable (POSIX needs the folder itself synced)."""
+    fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or folder's contents to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

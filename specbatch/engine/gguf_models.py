@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from specbatch.engine.model_paths import ModelLoadError, gguf_file, resolve_dir, resolve_model_path
-from specbatch.storage import fsync_dir
+from specbatch.storage import fsync_dir, fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _convert_into(file: Path, folder: Path) -> None:
     try:
         convert_gguf(file, work)
         for written in work.iterdir():
-            _fsync_file(written)
+            fsync_path(written)
         work.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         work.rename(folder)
     except BaseException:
@@ -159,10 +159,3 @@ def _locked(path: Path) -> Iterator[None]:
     finally:
         os.close(fd)
 
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -143,7 +143,7 @@ def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
     swung a short batch-128 row by 2×."""
     started = clock()
     recorder = MemoryRecorder()
-    need = max(len(prompt.prompt_ids) + prompt.max_new_tokens for prompt in prompts)  # slots sized as a job's
+    need = max(prompt.num_positions for prompt in prompts)  # slots sized as a job's
     engine = build_hf_engine(config, models, recorder, max_request_tokens=need)
     engine.clock = clock
     built = clock()

@@ -44,7 +44,7 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
     python = check_venv(venv)
     # as a job's slots (engine/build.py): the prompts' longest need, not the model's context, which for
     # a real model (SmolLM2: 8192 positions) would ask vLLM for more KV cache than the machine holds
-    need = max(len(p.prompt_ids) + p.max_new_tokens for p in prompts) + max(num_speculative_tokens, 1) + 1
+    need = max(p.num_positions for p in prompts) + max(num_speculative_tokens, 1) + 1
     max_model_len = min(max_context(config, models), need)
     modes = [mode for mode in PEER_MODES if (mode in drafters or mode == "none") and request_has(config, mode)]
     request = {

@@ -31,6 +31,11 @@ class BenchPrompt:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
 
+    @property
+    def num_positions(self) -> int:
+        """What the request can fill of a slot: its prompt and every token it may generate."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
     def to_row(self) -> Row:
         return Row(self.request_id, list(self.prompt_ids), SamplingParams(max_new_tokens=self.max_new_tokens),
                    self.domain)
