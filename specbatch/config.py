@@ -158,6 +158,9 @@ class SchedulerConfig(_Section):
     tpot_slo_ms: float = Field(default=200.0, gt=0)
     cost_model: str | None = None  # JSON from `specbatch calibrate`; None: the built-in CPU profile
     learn_cost: bool = True  # with lookahead=adaptive: refit that model on the worker's rounds (sched/online_cost.py)
+    # with lookahead=adaptive or slack and no cost_model: time the models in use at worker start and
+    # plan from that (engine/cost_profile.py, cached by model, dtype and machine) instead of the CPU profile
+    measure_cost: bool = True
 
     @field_validator("lookahead")
     @classmethod

@@ -61,6 +61,15 @@ def shared_prefect_home(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cost_profile_cache(tmp_path_factory):
+    """Measured pass times (`sched/pass_profile.py`) go to a session folder, not the user's cache:
+    each tiny model is timed once per session, and no test reads a profile another run left."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("specbatch-cache")))
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Torch on one thread for the test: a 2-thread torch on 2 busy cores stalls (threads wait on each

@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
+from specbatch.engine.cost_profile import job_cost_model
 from specbatch.engine.coupling import make_coupling
 from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specbatch.engine.eagle import EagleHead, aux_layer_ids, load_head
@@ -183,4 +184,6 @@ def build_hf_engine(config: JobConfig, models: Models, recorder: Recorder, worke
                     max_request_tokens: int | None = None) -> Engine:
     """The engine of one worker on real models, its slots sized to `max_request_tokens` if known."""
     backend, limits = hf_backend(config, models, max_request_tokens)
-    return build_engine(config, backend, limits, recorder, worker_id)
+    # the scheduler plans from the models in use, timed (or read from the cache) before any row's KV
+    measured = job_cost_model(config, backend.target, getattr(backend.drafter, "draft", None))
+    return build_engine(config, backend, limits, recorder, worker_id, scheduler_cost=measured)

@@ -38,6 +38,9 @@ class CostModel:
     mape: float | None = None  # mean absolute percentage error on the rounds it was fitted on
     num_rounds: int = 0
     source: str = ""  # where the numbers come from
+    # its draft coefficients were timed on the draft model in use (`sched/pass_profile.py`): nothing
+    # needs to probe drafting to learn its price
+    measured_draft: bool = False
 
     def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: float = 0,
                    kv_tokens_read: int = 0) -> float:

@@ -19,7 +19,8 @@ fit on drafting phases alone once priced a row at 0.6 ms, a 135-token fill then 
 whole round, and the target's share of that round came out negative. Rounds that did not draft say
 nothing about drafting, so the last `draft_window` draft timings are kept apart from the window, and
 until `min_draft_rounds` of them are drafting phases the draft coefficients are not known
-(`knows_draft_cost`: the adaptive policy probes). Rounds that captured graphs are left out.
+(`knows_draft_cost`: the adaptive policy probes), unless the prior was timed on the draft model in
+use (`CostModel.measured_draft`, `pass_profile.py`). Rounds that captured graphs are left out.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ class OnlineCostFit:
         """Whether the current model's draft coefficients were fitted on enough rounds that drafted
         (until then they, and the target's per-row price that drafting's longer passes reveal, are
         the prior's); from the start where no draft model runs."""
-        return not self.draft_model or self._fitted_on_drafted >= self.min_draft_rounds
+        return (not self.draft_model or self.prior.measured_draft
+                or self._fitted_on_drafted >= self.min_draft_rounds)
 
     def fit(self) -> CostModel:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}

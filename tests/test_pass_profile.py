@@ -1,0 +1,96 @@
+"""Costs measured on the model in use (issue 43): recorded pass times → the cost model, its cache,
+and the speedup limit it implies. No model runs here except in the one engine test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbatch.sched.costmodel import CostModel
+from specbatch.sched.online_cost import OnlineCostFit
+from specbatch.sched.pass_profile import (
+    PassProfile,
+    PassTiming,
+    cached_profile,
+    no_alpha_pays,
+    save_profile,
+    speedup_limit,
+)
+from specbatch.sched.roundcost import RoundCostModel
+
+# A model with known coefficients; recorded times are its predictions (± a fixed 1 % wobble)
+TRUE = CostModel(0.0, target_passes=20.0, target_rows=0.05, draft_passes=4.0, draft_rows=0.01,
+                 kv_tokens_read=0.0005)
+
+
+def recorded(model: CostModel = TRUE) -> PassProfile:
+    timings = []
+    for i, (rows, query_len, kv_len) in enumerate((r, q, kv) for r in (1, 4, 16, 32) for q in (1, 2, 5, 9)
+                                                  for kv in (32, 544)):
+        ms = model.target_passes + model.target_rows * rows * query_len + model.kv_tokens_read * rows * kv_len
+        timings.append(PassTiming("target", rows, query_len, kv_len, ms * (1.01 if i % 2 else 0.99)))
+    for rows, query_len in ((1, 1), (4, 1), (16, 1), (32, 1), (1, 64)):
+        timings.append(PassTiming("draft", rows, query_len, 32,
+                                  model.draft_passes + model.draft_rows * rows * query_len))
+    return PassProfile("k", timings, "recorded")
+
+
+def test_fit_recovers_the_pass_costs_and_is_deterministic():
+    first, second = recorded().fit(), recorded().fit()
+    assert first == second
+    assert first.intercept_ms == 0.0 and first.measured_draft
+    assert first.target_passes == pytest.approx(20.0, rel=0.05)
+    assert first.target_rows == pytest.approx(0.05, rel=0.3)
+    assert first.draft_passes == pytest.approx(4.0, rel=1e-6)
+    assert first.draft_rows == pytest.approx(0.01, rel=1e-6)
+    assert first.mape is not None and first.mape < 0.02
+
+
+def test_no_draft_timings_keep_the_fallback_draft_price():
+    profile = recorded()
+    profile.timings = [t for t in profile.timings if t.role == "target"]
+    fallback = CostModel(1.0, 1.0, 1.0, draft_passes=7.0, draft_rows=0.3, kv_tokens_read=0.0)
+    model = profile.fit(fallback)
+    assert (model.draft_passes, model.draft_rows, model.measured_draft) == (7.0, 0.3, False)
+
+
+def test_cache_round_trip_and_the_model_file_is_a_cost_model(tmp_path):
+    profile = recorded()
+    model_path = save_profile(profile, tmp_path)
+    assert cached_profile("k", tmp_path) == profile
+    assert cached_profile("other", tmp_path) is None
+    assert CostModel.load(model_path) == profile.fit()  # what `simulate --cost-model` reads
+    (tmp_path / "k.passes.json").write_text("{not json")
+    assert cached_profile("k", tmp_path) is None  # damaged: measured again
+
+
+def test_a_measured_prior_needs_no_probes():
+    assert OnlineCostFit(recorded().fit()).knows_draft_cost
+    assert not OnlineCostFit(TRUE).knows_draft_cost
+
+
+def test_speedup_limit_is_the_formula_at_the_best_k():
+    # one row, only passes cost (no per-row price): T(K) = T(0), the limit is E(α, K) at K = cap
+    flat = RoundCostModel(CostModel(0.0, 10.0, 0.0, 0.0, 0.0, 0.0), uses_draft_model=False)
+    limit, k = speedup_limit(flat, [0.5], [4], 0, [False])
+    assert (limit, k) == (pytest.approx((1 - 0.5**5) / 0.5), 4)
+    # rows cost as much as a pass: T(K)/T(0) = (10 + 10(1 + K)) / 20
+    dear = RoundCostModel(CostModel(0.0, 10.0, 10.0, 0.0, 0.0, 0.0), uses_draft_model=False)
+    limit, k = speedup_limit(dear, [0.9], [8], 0, [False])
+    expected = max((1 - 0.9 ** (j + 1)) / 0.1 / ((20 + 10 * j) / 20) for j in range(1, 9))
+    assert limit == pytest.approx(expected) and k >= 1
+    assert speedup_limit(dear, [0.0], [8], 0, [False]) == (1.0, 0)
+
+
+def test_no_alpha_pays_where_a_position_costs_as_much_as_a_token():
+    # every extra position costs a whole plain round: (k + 1) tokens for (k + 1)x the time at best
+    linear = RoundCostModel(CostModel(0.0, 0.0, 1.0, 0.0, 0.0, 0.0), uses_draft_model=False)
+    assert no_alpha_pays(linear, 8, 0, 4, uses_draft_model=False)
+    assert not no_alpha_pays(RoundCostModel(recorded().fit()), 8, 0, 4, uses_draft_model=True)
+
+
+def test_profile_json_names_its_fields():
+    data = json.loads(recorded().to_json())
+    assert set(data) == {"key", "description", "timings"}
+    assert set(data["timings"][0]) == {"role", "num_rows", "query_len", "kv_len", "ms"}
