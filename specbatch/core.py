@@ -41,6 +41,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # structured output: a `data.constraints.Constraint` as JSON (engine/constraints.py masks the law)
+    constraint: str | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -85,6 +87,9 @@ class Row:
     # acceptance history: accepted prefix length and k of each speculative round
     accept_history: list[tuple[int, int]] = field(default_factory=list)
     last_k: int = 0
+    # the drafter of the row's drafts this round, where a job has several (`drafter.kind`: the scheduler
+    # picks per row, `sched/drafter_choice.py`); "" : the job's only drafter
+    drafter: str = ""
 
     def __post_init__(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         self.token_ids = [*prompt, *output]
@@ -150,18 +155,13 @@ class RoundPlan:
     # draft pass while nothing drafts (the round-time model must learn what drafting costs) without
     # padding every row's verify to 2 positions, as a verified k = 1 would
     probe: Row | None = None
-    # shared-prefix KV copied into rows before this round's passes (`sched/prefix_cache.py`); the rows'
-    # num_computed already counts it, so prefill chunks start after it
-    reuse: list[PrefixCopy] = field(default_factory=list)
-    # the prefill chunks as passes, each padded only to its own longest chunk (`sched.packing.prefill_passes`);
-    # empty: one pass of every chunk
-    prefill_passes: list[list[tuple[Row, int]]] = field(default_factory=list)
-
-    def prefill_pass_work(self) -> list[list[tuple[Row, int]]]:
-        """The prefill chunks of each prefill pass, in pass order."""
-        if self.prefill_passes:
-            return self.prefill_passes
-        return [self.prefill] if self.prefill else []
+    # prompt positions rows took from shared blocks this round (admitted onto them or caught up to them)
+    num_reused_tokens: int = 0
+    # what the round-time model says of the decode rows (`sched/pass_profile.py`, issue 43): their time
+    # at k = 0, at the planned ks, and the speedup the rows' measured α allowed at the best largest k
+    plain_ms: float = 0.0
+    predicted_ms: float = 0.0
+    limit_speedup: float = 1.0
 
     def drafted_k(self, row: Row, k: int) -> int:
         """Tokens the drafter drafts for a decode row planned at k: 1 for the probe, else k."""
@@ -195,25 +195,6 @@ class RoundPlan:
 
 
 @dataclass(frozen=True)
-class PrefixCopy:
-    """KV positions a row takes from another holder of the same prompt prefix instead of computing
-    them: target [start, end), draft cache [draft_start, draft_end) (empty where the holder's draft
-    cache has nothing to give). `holder` is a running `Row` or a finished row's prefix kept in its
-    free slot (`sched.prefix_cache.RetainedPrefix`)."""
-
-    row: Row
-    holder: Any
-    start: int
-    end: int
-    draft_start: int
-    draft_end: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
 class PassShape:
     """One forward pass as computed: real rows and positions, and the bucket it was padded to."""
 
@@ -222,13 +203,20 @@ class PassShape:
     query_len: int
     kv_len: int
     num_real_positions: int  # Σ len(chunk)
+    # a flat ragged pass (`engine/forward.py`) pads no row: what it computed, given as counted
+    flat_padded_positions: int | None = None
+    flat_kv_tokens_read: int | None = None  # Σ over rows of the positions each row attends to
 
     @property
     def num_padded_positions(self) -> int:
+        if self.flat_padded_positions is not None:
+            return self.flat_padded_positions
         return self.num_bucket_rows * self.query_len - self.num_real_positions
 
     @property
     def num_kv_tokens_read(self) -> int:
+        if self.flat_kv_tokens_read is not None:
+            return self.flat_kv_tokens_read
         return self.num_bucket_rows * self.kv_len
 
 
@@ -245,6 +233,7 @@ class Proposals:
     num_draft_positions: int = 0
     num_padded_draft_positions: int = 0
     num_passes: int = 0
+    num_forced: list[int] = field(default_factory=list)  # per row: leading drafts the grammar forced; empty: none
 
     def withdraw(self, index: int) -> None:
         """Verify none of row `index`'s drafts (a probe's): what the draft cache computed for it stays,
@@ -270,12 +259,15 @@ class RoundOutcome:
     verify_shape: PassShape | None = None
     proposals: Proposals | None = None
     num_draft_prefill_positions: int = 0  # > 0: the draft cache was filled alongside the prefill chunks
-    reuse_ms: float = 0.0  # copying shared prefixes' KV into rows (`RoundPlan.reuse`)
+    reuse_ms: float = 0.0  # copying shared prefixes' KV into rows: 0 since blocks are shared, not copied
     prefill_ms: float = 0.0
     draft_prefill_ms: float = 0.0  # of prefill_ms: filling the draft cache alongside
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     warmup_ms: float = 0.0  # capturing graphs before this round's passes (a worker's first round)
+    mask_ms: float = 0.0  # grammar masks of the verify positions (engine/constraints.py), from start to applied
+    num_forced_proposed: int = 0  # drafts the grammar forced (a single continuation)
+    num_forced_accepted: int = 0
 
 
 class Backend(Protocol):
@@ -290,9 +282,8 @@ class Backend(Protocol):
     def release(self, row: Row, finished: bool) -> None:
         """Free the row's KV slot; a finished row also drops its random stream."""
 
-    def use_prefix_cache(self, prefix: Any) -> None:
-        """Serve `RoundPlan.reuse` copies and keep `prefix` (a `sched.prefix_cache.PrefixCache`)
-        told of the rows it releases."""
+    def use_kv_blocks(self, kv: Any) -> None:
+        """Read the rows' block tables from `kv` (the scheduler's `sched.kv_blocks.KVBlocks`)."""
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         """Run the plan's passes and return what was proposed, accepted and emitted per row."""

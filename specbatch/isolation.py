@@ -48,12 +48,10 @@ def split_plan(plan: RoundPlan) -> tuple[RoundPlan, RoundPlan]:
 
 
 def _sub_plan(plan: RoundPlan, rows: list[Row], first: bool) -> RoundPlan:
-    """The plan's work for `rows`. The first half keeps `plan_ms` and every prefix copy, in order: a
-    row may copy from one that took its prefix by a copy of the same round, so the copies run before
-    either half's passes (copying a prefix again is harmless)."""
+    """The plan's work for `rows`; the first half keeps `plan_ms` and the round's reused-token count."""
     wanted = {id(row) for row in rows}
     probe = plan.probe if id(plan.probe) in wanted else None
-    passes = [[item for item in work if id(item[0]) in wanted] for work in plan.prefill_passes]
     return RoundPlan([item for item in plan.prefill if id(item[0]) in wanted],
                      [item for item in plan.decode if id(item[0]) in wanted], plan.plan_ms if first else 0.0,
-                     plan.draft_prefill, probe, plan.reuse if first else [], [work for work in passes if work])
+                     plan.draft_prefill, probe,
+                     plan.num_reused_tokens if first else 0)

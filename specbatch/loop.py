@@ -64,6 +64,7 @@ class EngineLimits:
     kv_capacity_tokens: int  # target KV token slots the scheduler may reserve
     eos_token_ids: frozenset[int]
     decode: Callable[[list[int]], str]  # token ids -> text, for stop strings and results
+    kv_bytes_per_token: int = 0  # target + draft KV bytes of one position (0: unknown, the simulator)
 
 
 class Engine:
@@ -193,9 +194,9 @@ def build_engine(
 
     `scheduler_cost` is what the scheduler's policies believe about round times; by default the
     config's (`scheduler.cost_model`, else the CPU profile)."""
-    scheduler = make_scheduler(config, limits.kv_capacity_tokens, limits.max_context, scheduler_cost)
-    if scheduler.prefix is not None:
-        backend.use_prefix_cache(scheduler.prefix)
+    scheduler = make_scheduler(config, limits.kv_capacity_tokens, limits.max_context, scheduler_cost,
+                               limits.kv_bytes_per_token)
+    backend.use_kv_blocks(scheduler.kv)
     stops = StopChecker(set(limits.eos_token_ids), limits.decode, limits.max_context)
     return Engine(scheduler, backend, stops, recorder, worker_id, clock)
 

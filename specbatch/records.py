@@ -34,7 +34,7 @@ class RoundRecord:
     num_decode_rows: int
     num_prefill_rows: int
     num_prefill_tokens: int  # prompt positions the target computed (prefill chunks)
-    num_reused_tokens: int  # prompt positions copied from a shared prefix instead (sched/prefix_cache.py)
+    num_reused_tokens: int  # prompt positions taken from shared KV blocks instead (sched/kv_blocks.py)
     num_target_rows: int  # Σ(1 + k) over decode rows + prefill chunk tokens
     num_padded_target_rows: int  # positions computed only because of shape buckets / ragged k
     num_padded_prefill_rows: int  # of those, in the prefill passes
@@ -60,6 +60,11 @@ class RoundRecord:
     commit_ms: float
     warmup_ms: float  # graph capture before the round's passes (engine/graphs.py); part of round_ms
     round_ms: float
+    # the round-time model's view of the decode rows (sched/pass_profile.py): their time at k = 0 and as
+    # planned, and the speedup over plain decoding their measured α allowed at the best largest k
+    plain_ms: float
+    predicted_ms: float
+    limit_speedup: float
 
     @classmethod
     def of(cls, plan: RoundPlan, outcome: RoundOutcome, num_committed: int, *, worker_id: int, round_index: int,
@@ -78,7 +83,7 @@ class RoundRecord:
             worker_id=worker_id, round_index=round_index, started_s=started_s,
             num_batch_rows=len(rows), num_bucket_rows=verify.num_bucket_rows if verify else 0,
             num_decode_rows=len(outcome.rows), num_prefill_rows=len(plan.prefill),
-            num_prefill_tokens=num_prefill_tokens, num_reused_tokens=sum(copy.num_tokens for copy in plan.reuse),
+            num_prefill_tokens=num_prefill_tokens, num_reused_tokens=plan.num_reused_tokens,
             num_target_rows=num_real_verify + num_prefill_tokens, num_padded_target_rows=padded,
             num_padded_prefill_rows=prefill_padded, num_draft_rows=num_draft_positions,
             num_padded_draft_rows=proposals.num_padded_draft_positions if proposals else 0,
@@ -92,6 +97,7 @@ class RoundRecord:
             kv_tokens_in_use=kv_tokens_in_use, kv_tokens_capacity=kv_tokens_capacity,
             plan_ms=plan.plan_ms, reuse_ms=outcome.reuse_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
             verify_ms=outcome.verify_ms, commit_ms=commit_ms, warmup_ms=outcome.warmup_ms, round_ms=round_ms,
+            plain_ms=plan.plain_ms, predicted_ms=plan.predicted_ms, limit_speedup=plan.limit_speedup,
         )
 
 
@@ -108,6 +114,7 @@ class StepRecord:
     num_accepted: int
     num_committed: int
     num_output_tokens: int  # output length after this step
+    drafter: str = ""  # the drafter of this step's drafts where the job has several (drafter.kind); "" otherwise
 
     @classmethod
     def of(cls, outcome: RowOutcome, num_committed: int, worker_id: int, round_index: int,
@@ -115,7 +122,8 @@ class StepRecord:
         row = outcome.row
         return cls(request_id=row.request_id, worker_id=worker_id, round_index=round_index, emitted_s=emitted_s,
                    k=outcome.k, num_proposed=len(outcome.proposed), num_accepted=outcome.num_accepted,
-                   num_committed=num_committed, num_output_tokens=row.num_output_tokens)
+                   num_committed=num_committed, num_output_tokens=row.num_output_tokens,
+                   drafter=row.drafter if outcome.proposed else "")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Shards are cut from a sorted window, and each worker takes whole shards, so records that share a
 prefix (an instruction, a few-shot block, a document) must sort next to each other for a worker to
-compute the prefix once and copy it for the rest (`sched/prefix_cache.py`). A record's key is the
+compute the prefix once and share its KV blocks with the rest (`sched/kv_blocks.py`). A record's key is the
 longest run of leading tokens it shares with any other record of the window, whole blocks of
 `PREFIX_BLOCK_TOKENS` and at least `MIN_SHARED_TOKENS` long, else empty: sorted
 lexicographically, equal keys are contiguous and a key sorts just before the longer keys it starts.
@@ -13,8 +13,6 @@ Records that share nothing keep an empty key, so data without shared prefixes ke
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from specbatch.sched.prefix_cache import shared_length
 
 PREFIX_BLOCK_TOKENS = 16
 MIN_SHARED_TOKENS = 32  # shorter common starts (a chat template's first tokens) are not worth grouping
@@ -34,3 +32,11 @@ def shared_prefix_keys(prompts: Sequence[Sequence[int] | None]) -> list[tuple[in
             keys[index] = tokens[:shared]
     return keys
 
+
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common leading run of two token lists."""
+    length = min(len(a), len(b))
+    for index in range(length):
+        if a[index] != b[index]:
+            return index
+    return length

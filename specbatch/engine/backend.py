@@ -1,7 +1,8 @@
-"""HFBackend: the only code that runs models. It executes a round plan: prefill chunks, drafting,
-one target verify pass, and the acceptance rule. It owns the KV slots and random streams of the
-rows it serves and never writes a row: committing tokens, KV validity and counters is the
-scheduler's commit step (`sched/commit.py`), from the `RoundOutcome` returned here."""
+"""HFBackend: the only code that runs models. It executes a round plan: drafting, one flat target
+pass (prefill chunks and verify windows together), and the acceptance rule. It reads the rows'
+block tables from the scheduler's `KVBlocks` and owns the rows' lanes and random streams; it never
+writes a row: committing tokens, KV validity and counters is the scheduler's commit step
+(`sched/commit.py`), from the `RoundOutcome` returned here."""
 
 from __future__ import annotations
 
@@ -10,149 +11,169 @@ from collections.abc import Callable
 
 import torch
 
-from specbatch.core import PassShape, PrefixCopy, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome, Status
+from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
+from specbatch.engine.constraints import GrammarRuntime, MaskedCoupling
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import Drafter
-from specbatch.engine.forward import SlotModel
+from specbatch.engine.forward import PagedModel, RowCache
 from specbatch.engine.sampling import accept_greedy
-from specbatch.engine.slot_cache import SlotCache
 from specbatch.records import ms_since
-from specbatch.sched.prefix_cache import PrefixCache, RetainedPrefix, copy_order
+from specbatch.sched.kv_blocks import KVBlocks
 
 
 class HFBackend:
-    def __init__(self, target: SlotModel, drafter: Drafter, vocab_size: int, coupling: Coupling,
-                 draft_cache: SlotCache | None = None, warm_up: Callable[[], None] | None = None) -> None:
-        self.target, self.cache, self.drafter = target, target.cache, drafter
-        self.draft_cache = draft_cache  # moved along with the target's when rows change slots
-        self._warm_up = warm_up  # captures graphs; runs before the first round's passes, then never
+    def __init__(self, target: PagedModel, drafter: Drafter, vocab_size: int, coupling: Coupling,
+                 num_lanes: int, warm_up: Callable[[], None] | None = None,
+                 grammar: GrammarRuntime | None = None) -> None:
+        self.target, self.drafter = target, drafter
+        self.grammar = grammar  # structured output: masks drafts and verify logits (engine/constraints.py)
+        self.draft_coupling = coupling if grammar is None else MaskedCoupling(coupling, grammar)
+        self._warm_up = warm_up  # compiles graphs; runs before the first round's passes, then never
         self.vocab_size, self.coupling = vocab_size, coupling
-        self.slot_of: dict[str, int] = {}  # request id -> slot
-        self.slot_owner: dict[int, Row] = {}
-        self.prefix: PrefixCache | None = None  # shared prefixes: whose KV a row copies, which free slots keep one
-        self.retained: dict[int, RetainedPrefix] = {}  # the prefix cache's kept slots (free, but not to pad into)
-        self._sync = torch.cuda.synchronize if self.cache.keys[0].is_cuda else (lambda: None)
-        self._share_free_slots()
+        self.kv: KVBlocks | None = None  # the scheduler's block tables (`use_kv_blocks`)
+        self.lane_of: dict[str, int] = {}  # request id -> lane
+        self.free_lanes = list(range(num_lanes))
+        self._sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
 
-    def use_prefix_cache(self, prefix: PrefixCache) -> None:
-        """Serve the scheduler's prefix copies; finished rows' slots keep their prefix while free."""
-        self.prefix, self.retained = prefix, prefix.retained
-        caches = [self.cache] + ([self.draft_cache] if self.draft_cache is not None else [])
-        prefix.bytes_per_token = sum(cache.bytes_per_token for cache in caches)
-        self._share_free_slots()
-
-    def _share_free_slots(self) -> None:
-        """Tell the models which slots padded rows may write: those no row owns and no prefix is kept in."""
-        owners, retained = self.slot_owner, self.retained  # not self: a model referring back to its backend
-        for model in (self.target, getattr(self.drafter, "draft", None)):  # kept every engine's caches alive
-            if model is not None:
-                model.is_free = lambda slot: slot not in owners and slot not in retained
-
-    @property
-    def num_slots(self) -> int:
-        return self.cache.num_slots - 1  # the last slot is scratch space for padded batch rows
+    def use_kv_blocks(self, kv: KVBlocks) -> None:
+        """Read the rows' block tables from the scheduler's allocator."""
+        self.kv = kv
 
     def admit(self, row: Row) -> None:
-        free = sorted(set(range(self.num_slots)) - set(self.slot_owner))
-        slot = free[0] if self.prefix is None else self.prefix.claim_slot(row, free)
-        self.slot_of[row.request_id], self.slot_owner[slot] = slot, row
+        self.lane_of[row.request_id] = self.free_lanes.pop(0)
         self.coupling.admit(row)
+        if self.grammar is not None:
+            self.grammar.admit(row)
 
     def release(self, row: Row, finished: bool) -> None:
-        slot = self.slot_of.pop(row.request_id, None)
-        if slot is not None:
-            del self.slot_owner[slot]
-        if self.prefix is not None:
-            if slot is not None and row.status is Status.COMPLETED:
-                self.prefix.retain(row, slot)  # its prompt's KV stays valid in the slot until it is reused
-            else:
-                self.prefix.forget(row)
+        lane = self.lane_of.pop(row.request_id, None)
+        if lane is not None:
+            self.free_lanes.append(lane)
+            self.free_lanes.sort()
         self.drafter.forget(row)
+        if self.grammar is not None:
+            self.grammar.release(row)  # a re-admitted row replays its output into a fresh matcher
         if finished:
             self.coupling.release(row)
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
-        """Prefill pass (the draft cache alongside), drafting, one verify pass, the acceptance rule."""
+        """Draft-cache prefill, drafting, then one target pass over every row's new tokens (with a
+        drafter that reads the target's features, the prefill chunks first in a pass of their own)."""
         outcome = RoundOutcome()
         if self._warm_up is not None:
             started = time.perf_counter()
-            self._warm_up()  # before any pass: no row has KV yet for it to overwrite
+            self._warm_up()
             self._warm_up = None
             outcome.warmup_ms = ms_since(started)
-        if plan.reuse:
+        prefill_first = bool(plan.prefill) and self.target.feature_layers != ()
+        if prefill_first:
             started = time.perf_counter()
-            self._copy_prefixes(plan)
-            self._sync()
-            outcome.reuse_ms = ms_since(started)
-        self._arrange_slots(plan)
-        if plan.prefill:
-            started = time.perf_counter()
-            for work in plan.prefill_pass_work():
-                outcome.prefill_shapes.append(self._prefill(work))
-            slots = self._slots([row for row, _ in plan.prefill])
-            if plan.draft_prefill:
-                self._sync()
-                draft_started = time.perf_counter()
-                outcome.num_draft_prefill_positions = self._draft_prefill(plan.prefill, slots)
-                self._sync()
-                outcome.draft_prefill_ms = ms_since(draft_started)
+            outcome.prefill_shapes.append(self._prefill(plan.prefill))
             self._sync()
             outcome.prefill_ms = ms_since(started)
-        if plan.decode:
-            decode = sorted(plan.decode, key=lambda item: self.slot_of[item[0].request_id])  # slots 0..D-1: a view
-            rows, ks = [row for row, _ in decode], [k for _, k in decode]
-            slots, starts = self._slots(rows), [plan.computed_after_prefill(row) for row in rows]
+        if plan.prefill and plan.draft_prefill:
+            started = time.perf_counter()
+            outcome.num_draft_prefill_positions = self._draft_prefill(plan.prefill)
+            self._sync()
+            outcome.draft_prefill_ms = ms_since(started)
+            outcome.prefill_ms += outcome.draft_prefill_ms
+        rows = [row for row, _ in plan.decode]
+        ks = [k for _, k in plan.decode]
+        starts = [plan.computed_after_prefill(row) for row in rows]
+        proposals = Proposals([], [])
+        if rows:
             alongside = outcome.num_draft_prefill_positions > 0  # this round's prefill filled the draft cache too
             draft_starts = [plan.draft_start(row, start, alongside) for row, start in zip(rows, starts, strict=True)]
             started = time.perf_counter()
             drafted_ks = [plan.drafted_k(row, k) for row, k in zip(rows, ks, strict=True)]
-            proposals = outcome.proposals = self.drafter.propose(rows, drafted_ks, slots, draft_starts, self.coupling)
+            if self.grammar is not None:
+                self.grammar.begin(rows)  # matchers at the committed outputs
+            proposals = outcome.proposals = self.drafter.propose(rows, drafted_ks, self.caches(rows), draft_starts,
+                                                                 self.draft_coupling)
             self._sync()
             outcome.draft_ms = ms_since(started)
             if plan.probe is not None:
                 proposals.withdraw(next(i for i, row in enumerate(rows) if row is plan.probe))
-            started = time.perf_counter()
-            chunks = [[row.last_token] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
-            logits, outcome.verify_shape = self.target.forward(slots, starts, chunks)
-            assert logits is not None
-            self._observe(rows, starts, [len(chunk) for chunk in chunks])
-            outcome.rows = self._accept(rows, ks, logits[..., : self.vocab_size], proposals)
-            outcome.verify_ms = ms_since(started)
+            if self.grammar is not None:
+                self.grammar.cut(rows, proposals)  # drafts the grammar rejects are never verified
+        if rows or (plan.prefill and not prefill_first):
+            self._target_pass(plan, rows, ks, starts, proposals, outcome, with_prefill=not prefill_first)
         return outcome
 
-    def _copy_prefixes(self, plan: RoundPlan) -> None:
-        """Copy each planned shared prefix into its row's slot, before any pass or slot move of the
-        round: a kept slot handed to a new row this round still holds its prefix until then."""
-        for copy in copy_order(plan.reuse):
-            source, slot = self._copy_slots(copy)
-            if source == slot:
-                continue  # admitted into the slot that keeps its prefix
-            self.cache.copy_slot(source, slot, copy.end, copy.start)
-            if self.draft_cache is not None and copy.draft_end > copy.draft_start:
-                self.draft_cache.copy_slot(source, slot, copy.draft_end, copy.draft_start)
+    def caches(self, rows: list[Row]) -> list[RowCache]:
+        assert self.kv is not None, "use_kv_blocks() comes before a round"
+        return [RowCache(self.kv.table(row.request_id), self.lane_of[row.request_id]) for row in rows]
 
-    def _copy_slots(self, copy: PrefixCopy) -> tuple[int, int]:
-        """A copy's source and destination slots."""
-        holder = copy.holder
-        source = holder.slot if isinstance(holder, RetainedPrefix) else self.slot_of[holder.request_id]
-        return source, self.slot_of[copy.row.request_id]
+    def _tables(self, rows: list[Row]) -> list[list[int]]:
+        assert self.kv is not None, "use_kv_blocks() comes before a round"
+        return [self.kv.table(row.request_id) for row in rows]
+
+    def _target_pass(self, plan: RoundPlan, rows: list[Row], ks: list[int], starts: list[int],
+                     proposals: Proposals, outcome: RoundOutcome, with_prefill: bool) -> None:
+        """One flat pass: prefill-only rows' chunks, then each verifying row's prefill chunk (if its
+        prefill completes this round), pending token and drafts; logits only at verify positions."""
+        started = time.perf_counter()
+        verifying = {id(row) for row in rows}
+        prefill = plan.prefill if with_prefill else []
+        sizes = {id(row): size for row, size in prefill}
+        only_prefill = [(row, size) for row, size in prefill if id(row) not in verifying]
+        pass_rows = [row for row, _ in only_prefill] + rows
+        pass_starts = [row.num_computed for row, _ in only_prefill] + [start - sizes.get(id(row), 0)
+                                                                       for row, start in zip(rows, starts, strict=True)]
+        windows = [[row.last_token] + drafts for row, drafts in zip(rows, proposals.tokens, strict=True)]
+        chunks = [row.token_ids[row.num_computed : row.num_computed + size] for row, size in only_prefill]
+        chunks += [row.token_ids[start - sizes.get(id(row), 0) : start] + window
+                   for row, start, window in zip(rows, starts, windows, strict=True)]
+        keep = self._verify_positions(chunks[len(only_prefill):], windows, sum(map(len, chunks[: len(only_prefill)])))
+        masks = self.grammar.start_masks(rows, proposals.tokens) if self.grammar is not None else None
+        logits, shape = self.target.forward(self._tables(pass_rows), pass_starts, chunks, keep_logits=bool(rows),
+                                            keep=keep)
+        self._observe(pass_rows, pass_starts, [len(chunk) for chunk in chunks])
+        num_prefill = sum(size for _, size in prefill)
+        if rows:
+            assert logits is not None
+            if self.grammar is not None:  # masks computed beside the pass, applied in place
+                outcome.mask_ms = self.grammar.apply_masks(masks, logits[:, : self.vocab_size], list(map(len, windows)))
+            outcome.rows = self._accept(rows, ks, logits[:, : self.vocab_size], windows, proposals)
+            if self.grammar is not None:
+                self.grammar.count_forced(outcome, proposals)
+        self._sync()
+        elapsed = ms_since(started)
+        # one pass computed both: its time is split by positions (the cost model learns per position)
+        share = num_prefill / max(shape.num_real_positions, 1)
+        outcome.prefill_ms += elapsed * share
+        outcome.verify_ms = elapsed - elapsed * share
+        if num_prefill:
+            outcome.prefill_shapes.append(_part(shape, len(prefill), num_prefill, sum(
+                row.num_computed + size for row, size in prefill)))
+        if rows:
+            kv_read = sum(start + len(window) for start, window in zip(starts, windows, strict=True))
+            outcome.verify_shape = _part(shape, len(rows), sum(map(len, windows)), kv_read)
+
+    @staticmethod
+    def _verify_positions(chunks: list[list[int]], windows: list[list[int]], offset: int) -> list[int]:
+        """Flat indices of the verify windows' positions in a pass whose verifying rows start at `offset`."""
+        keep = []
+        for chunk, window in zip(chunks, windows, strict=True):
+            first = offset + len(chunk) - len(window)
+            keep.extend(range(first, first + len(window)))
+            offset += len(chunk)
+        return keep
 
     def _prefill(self, work: list[tuple[Row, int]]) -> PassShape:
-        """One target prefill pass over these rows' chunks."""
+        """One target pass over these rows' prefill chunks alone (for a drafter reading its features)."""
         rows, starts = [row for row, _ in work], [row.num_computed for row, _ in work]
         chunks = [row.token_ids[row.num_computed : row.num_computed + size] for row, size in work]
-        _, shape = self.target.forward(self._slots(rows), starts, chunks, keep_logits=False)
+        _, shape = self.target.forward(self._tables(rows), starts, chunks, keep_logits=False)
         self._observe(rows, starts, [len(chunk) for chunk in chunks])
         return shape
 
-    def _slots(self, rows: list[Row]) -> list[int]:
-        return [self.slot_of[row.request_id] for row in rows]
-
-    def _draft_prefill(self, work: list[tuple[Row, int]], slots: list[int]) -> int:
+    def _draft_prefill(self, work: list[tuple[Row, int]]) -> int:
         """Catch the draft cache up to the same end as the target's; returns the draft rows computed."""
         if not self.drafter.uses_model:
             return 0
-        shape = self.drafter.prefill([row for row, _ in work], slots, [row.num_draft_computed for row, _ in work],
+        rows = [row for row, _ in work]
+        shape = self.drafter.prefill(rows, self.caches(rows), [row.num_draft_computed for row, _ in work],
                                      [row.num_computed + size for row, size in work])
         return shape.num_real_positions if shape else 0
 
@@ -161,84 +182,27 @@ class HFBackend:
         if self.target.features is not None:
             self.drafter.observe(rows, starts, lengths, self.target.features)
 
-    def _accept(self, rows: list[Row], ks: list[int], logits: torch.Tensor, proposals: Proposals
-                ) -> list[RowOutcome]:
-        """The acceptance rule per row over the verify logits [rows, query_len, vocab]."""
-        argmax = logits.argmax(dim=-1).tolist()  # [rows, query_len]
+    def _accept(self, rows: list[Row], ks: list[int], logits: torch.Tensor, windows: list[list[int]],
+                proposals: Proposals) -> list[RowOutcome]:
+        """The acceptance rule per row over the verify logits [Σ window, vocab], rows in order."""
+        argmax = logits.argmax(dim=-1).tolist()  # [Σ window]
         self._sync()
-        outcomes = []
+        outcomes, offset = [], 0
         for index, (row, k) in enumerate(zip(rows, ks, strict=True)):
-            drafts = proposals.tokens[index]
+            drafts, width = proposals.tokens[index], len(windows[index])
             if row.params.is_greedy:
-                num_accepted, token = accept_greedy(drafts, argmax[index][: len(drafts) + 1])
+                num_accepted, token = accept_greedy(drafts, argmax[offset : offset + width])
             else:
                 num_accepted, token = self.coupling.verify(row, drafts, proposals.draft_probs[index],
-                                                           logits[index, : len(drafts) + 1])
+                                                           logits[offset : offset + width])
+            offset += width
             kept = proposals.num_kept[index] if proposals.num_kept else None
             outcomes.append(RowOutcome(row, k, drafts, num_accepted, drafts[:num_accepted] + [token],
                                        proposals.num_fed[index], kept))
         return outcomes
 
-    def _arrange_slots(self, plan: RoundPlan) -> None:
-        """Keep decode rows in slots 0..D-1 so the verify pass reads a view of the cache instead of
-        gathering it, those whose prefill completes this round last (D-c..D-1, in prefill-pass
-        order), and the rows that only prefill right after them, pass after pass, so each prefill
-        pass reads a view too: a pass of 16 rows x 19 tokens after a 562-token shared prefix took
-        45 ms from contiguous slots and 93 ms gathered. Only rows out of place move (one row's valid
-        KV each), swapping with what is there. Rows in the slots the verify pass pads into
-        (D..bucket-1) move up to free slots where there are any, so padded rows keep the view."""
-        decoding = {id(row) for row, _ in plan.decode}
-        prefilling = [row for work in plan.prefill_pass_work() for row, _ in work]
-        completing = [row for row in prefilling if id(row) in decoding]
-        first_completing = len(plan.decode) - len(completing)
-        for slot, row in enumerate(completing, start=first_completing):
-            if self.slot_of[row.request_id] != slot:
-                self._move(row, slot)
-        placed = {id(row) for row in completing}
-        staying = [row for row, _ in plan.decode if id(row) not in placed]
-        held = {self.slot_of[row.request_id] for row in staying}
-        holes = [slot for slot in range(first_completing) if slot not in held]
-        movers = [row for row in staying if self.slot_of[row.request_id] >= first_completing]
-        for row, hole in zip(movers, holes, strict=True):
-            self._move(row, hole)
-        slot = self._clear_decode_padding(len(plan.decode))
-        for row in (row for row in prefilling if id(row) not in decoding):
-            if slot >= self.num_slots:  # the decode batch's padding took the rest: these gather
-                break
-            if self.slot_of[row.request_id] != slot:
-                self._move(row, slot)
-            slot += 1
 
-    def _clear_decode_padding(self, num_decode_rows: int) -> int:
-        """Free the slots the verify pass pads into (rows there move up to free slots, kept prefixes
-        there are dropped); returns the first slot after them."""
-        if not num_decode_rows or not self.target.pad_decode:
-            return num_decode_rows
-        padded_end = self.target.buckets.fit(num_decode_rows, 1).batch_rows
-        if self.prefix is not None:
-            for slot in range(num_decode_rows, padded_end):
-                self.prefix.evict_slot(slot)  # padded rows write there: the verify pass keeps its view
-        free_above = [slot for slot in range(padded_end, self.num_slots) if slot not in self.slot_owner]
-        in_the_way = [self.slot_owner[slot] for slot in range(num_decode_rows, padded_end) if slot in self.slot_owner]
-        for row, free in zip(in_the_way, free_above, strict=False):
-            self._move(row, free)
-        return padded_end
-
-    def _move(self, row: Row, slot: int) -> None:
-        """Move `row` into `slot`, swapping with its occupant if there is one."""
-        source = self.slot_of[row.request_id]
-        occupant = self.slot_owner.get(slot)
-        length = max(row.num_computed, row.num_draft_computed, 1)
-        caches = [self.cache] + ([self.draft_cache] if self.draft_cache is not None else [])
-        if self.prefix is not None and occupant is None:
-            self.prefix.evict_slot(slot)
-        if occupant is not None:
-            length = max(length, occupant.num_computed, occupant.num_draft_computed)
-            for cache in caches:
-                cache.swap_slots(source, slot, length)
-            self.slot_of[occupant.request_id], self.slot_owner[source] = source, occupant
-        else:
-            for cache in caches:
-                cache.copy_slot(source, slot, length)
-            del self.slot_owner[source]
-        self.slot_of[row.request_id], self.slot_owner[slot] = slot, row
+def _part(shape: PassShape, num_rows: int, num_positions: int, kv_read: int) -> PassShape:
+    """The prefill or verify share of a flat pass, for the ledger."""
+    return PassShape(num_rows, num_rows, shape.query_len, shape.kv_len, num_positions, flat_padded_positions=0,
+                     flat_kv_tokens_read=kv_read)

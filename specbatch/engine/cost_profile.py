@@ -3,7 +3,7 @@
 Before a worker's first round (no row has KV yet, as for graph capture), `measure_passes` runs
 verify-shaped target passes of 1..k + 1 positions at the row counts the job batches, at a short
 and a long KV length, and the draft model's steps and one fill, each through the models' public
-`SlotModel.forward`, untimed once (a graph mode compiles or captures there) and then timed
+`PagedModel.forward`, untimed once (a graph mode compiles or captures there) and then timed
 `repeats` times (the median counts). A few dozen passes: seconds, not minutes. The result is
 cached on disk (`sched.pass_profile`), so a resumed job or another worker of the same model on
 the same machine reads it instead. What the timings mean and how they become the scheduler's
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from specbatch.config import JobConfig
-from specbatch.engine.forward import SlotModel
+from specbatch.engine.forward import PagedModel
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import job_buckets, resolve_cost_model
 from specbatch.sched.pass_profile import PassProfile, PassTiming, cached_profile, save_profile
@@ -54,14 +54,14 @@ def query_lens(max_lookahead: int) -> list[int]:
     return sorted({1, min(2, max_lookahead + 1), (max_lookahead + 2) // 2, max_lookahead + 1})
 
 
-def profile_key(config: JobConfig, target: SlotModel, draft: SlotModel | None) -> str:
+def profile_key(config: JobConfig, target: PagedModel, draft: PagedModel | None) -> str:
     """What a profile's numbers depend on: the models' weights (fingerprint), dtype, device, graph
     mode, threads, the machine, the shapes measured and the library versions."""
     parts = [model_fingerprint(target.model), model_fingerprint(draft.model) if draft else "-",
              str(next(target.model.parameters()).dtype), config.models.device, config.models.graphs,
              config.models.attn_implementation, str(torch.get_num_threads()), machine(), torch.__version__,
              repr(row_counts(config.scheduler.max_batch_rows)), repr(query_lens(config.max_lookahead)),
-             repr(job_buckets(config)), str(target.cache.max_len)]
+             repr(job_buckets(config)), str(target.max_len)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -83,7 +83,7 @@ def machine() -> str:
     return f"{platform.node()} {platform.machine()} {accelerator}"
 
 
-def job_cost_model(config: JobConfig, target: SlotModel, draft: SlotModel | None,
+def job_cost_model(config: JobConfig, target: PagedModel, draft: PagedModel | None,
                    repeats: int = REPEATS) -> CostModel | None:
     """The measured cost model for this job (cached), or None where the job keeps the configured one."""
     if not wants_measured_costs(config):
@@ -101,11 +101,11 @@ def job_cost_model(config: JobConfig, target: SlotModel, draft: SlotModel | None
     return profile.fit(fallback)
 
 
-def measure_passes(target: SlotModel, draft: SlotModel | None, rows: list[int], query_lengths: list[int],
+def measure_passes(target: PagedModel, draft: PagedModel | None, rows: list[int], query_lengths: list[int],
                    repeats: int = REPEATS, key: str = "") -> PassProfile:
-    """Time the passes (module docstring); every slot's KV is overwritten later (call before any row's)."""
+    """Time the passes (module docstring); the KV they write is overwritten later (call before any row's)."""
     profile = PassProfile(key)
-    long_start = max(0, min(target.cache.max_len - max(query_lengths), 512))
+    long_start = max(0, min(target.max_len - max(query_lengths), 512))
     for num_rows in rows:
         for query_len in query_lengths:
             for start in {0, long_start} if num_rows == max(rows) else {0}:
@@ -113,20 +113,20 @@ def measure_passes(target: SlotModel, draft: SlotModel | None, rows: list[int], 
     if draft is not None:
         for num_rows in rows:
             profile.timings.append(_time(draft, num_rows, 1, 0, repeats, "draft"))
-        fill = min(FILL_TOKENS, draft.cache.max_len - 1)
+        fill = min(FILL_TOKENS, draft.max_len - 1)
         profile.timings.append(_time(draft, 1, fill, 0, repeats, "draft", keep_logits=False))
     return profile
 
 
-def _time(model: SlotModel, num_rows: int, query_len: int, start: int, repeats: int, role: str,
+def _time(model: PagedModel, num_rows: int, query_len: int, start: int, repeats: int, role: str,
           keep_logits: bool = True) -> PassTiming:
-    slots, chunks = list(range(num_rows)), [[0] * query_len for _ in range(num_rows)]
+    tables, chunks = model.scratch_tables(num_rows, start + query_len), [[0] * query_len for _ in range(num_rows)]
     sync = _synchronizer(model)
     times, shape = [], None
     for index in range(repeats + 1):
         sync()
         started = time.perf_counter()
-        _, shape = model.forward(slots, [start] * num_rows, chunks, keep_logits=keep_logits,
+        _, shape = model.forward(tables, [start] * num_rows, chunks, keep_logits=keep_logits,
                                  last_only=role == "draft")
         sync()
         if index:  # the first compiles, captures or warms caches
@@ -135,5 +135,5 @@ def _time(model: SlotModel, num_rows: int, query_len: int, start: int, repeats: 
     return PassTiming(role, shape.num_bucket_rows, shape.query_len, shape.kv_len, statistics.median(times))
 
 
-def _synchronizer(model: SlotModel) -> Callable[[], None]:
+def _synchronizer(model: PagedModel) -> Callable[[], None]:
     return torch.cuda.synchronize if next(model.model.parameters()).is_cuda else (lambda: None)

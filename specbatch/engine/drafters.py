@@ -1,6 +1,6 @@
 """Drafters propose up to k tokens per row; the target verifies them in one pass.
 
-`DraftModelDrafter` runs a small causal LM with its own slot cache (same slots as the target),
+`DraftModelDrafter` runs a small causal LM with its own paged cache (the target's block tables),
 `NgramDrafter` looks the row's last n-gram up in its own prompt + output (prompt lookup), and
 `NoDrafter` proposes nothing (k = 0 everywhere: plain decoding on the same path). The EAGLE-3 head,
 which drafts from the target's hidden states, is `engine/eagle_drafter.py`; the suffix drafter, which
@@ -15,13 +15,13 @@ import torch
 
 from specbatch.core import PassShape, Proposals, Row
 from specbatch.engine.coupling import Coupling
-from specbatch.engine.forward import SlotModel
+from specbatch.engine.forward import PagedModel, RowCache
 
 
 class Drafter(Protocol):
     uses_model: bool
 
-    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+    def prefill(self, rows: list[Row], caches: list[RowCache], starts: list[int], ends: list[int]) -> PassShape | None:
         """Fill the drafter's cache with positions starts..ends alongside the target's prefill chunks
         (no-op without a model)."""
 
@@ -31,16 +31,16 @@ class Drafter(Protocol):
     def forget(self, row: Row) -> None:
         """A row left the engine (finished, preempted or cancelled): drop what the drafter keeps for it."""
 
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+    def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         """Draft up to ks[i] tokens for rows[i]; rows with k = 0 get none. `starts[i]` is how many
-        of the row's tokens the draft cache in `slots[i]` holds; the drafter feeds it the rest."""
+        of the row's tokens the draft cache holds (`caches[i]`); the drafter feeds it the rest."""
 
 
 class NoDrafter:
     uses_model = False
 
-    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+    def prefill(self, rows: list[Row], caches: list[RowCache], starts: list[int], ends: list[int]) -> PassShape | None:
         return None
 
     def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
@@ -49,7 +49,7 @@ class NoDrafter:
     def forget(self, row: Row) -> None:
         return None
 
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+    def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         return Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows])
 
@@ -61,7 +61,7 @@ class NgramDrafter(NoDrafter):
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+    def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
@@ -78,15 +78,15 @@ class NgramDrafter(NoDrafter):
 class DraftModelDrafter(NoDrafter):
     uses_model = True
 
-    def __init__(self, draft: SlotModel, vocab_size: int, target_device: torch.device) -> None:
+    def __init__(self, draft: PagedModel, vocab_size: int, target_device: torch.device) -> None:
         self.draft, self.vocab_size = draft, vocab_size  # vocab_size: the target's
         self.target_device = target_device  # where q and the random streams live (models.draft_device may differ)
 
-    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+    def prefill(self, rows: list[Row], caches: list[RowCache], starts: list[int], ends: list[int]) -> PassShape | None:
         chunks = [row.token_ids[start:end] for row, start, end in zip(rows, starts, ends, strict=True)]
-        return self.draft.forward(slots, starts, chunks, keep_logits=False)[1]
+        return self.draft.forward([cache.table for cache in caches], starts, chunks, keep_logits=False)[1]
 
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+    def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         proposals = Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows])
         fed_to = list(starts)  # per row: positions the draft cache holds
@@ -96,16 +96,10 @@ class DraftModelDrafter(NoDrafter):
         while active:
             # step 0 catches the draft cache up (pending token, and any lag); later steps feed the last draft
             chunks = {i: rows[i].token_ids[fed_to[i] :] if step == 0 else proposals.tokens[i][-1:] for i in active}
-            # graph modes keep every row in every step, so that the batch stays one slot range (one
-            # graph): a row not drafting rides along with one token written past its valid KV, ignored
-            batch = range(len(rows)) if self.draft.pad_decode else active
-            fed = [chunks.get(i) or proposals.tokens[i][-1:] or [rows[i].last_token] for i in batch]
-            logits, shape = self.draft.forward([slots[i] for i in batch], [fed_to[i] for i in batch], fed,
-                                               last_only=True)
+            logits, shape = self.draft.forward([caches[i].table for i in active], [fed_to[i] for i in active],
+                                               [chunks[i] for i in active], last_only=True)
             assert logits is not None
-            at = {i: index for index, i in enumerate(batch)}
-            last = logits[torch.tensor([at[i] for i in active]), 0]
-            last = self._to_target_vocab(last).to(self.target_device)  # [active rows, vocab]
+            last = self._to_target_vocab(logits).to(self.target_device)  # [active rows, vocab]
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[i])
                 proposals.num_fed[i] += len(chunks[i])
@@ -134,6 +128,6 @@ class DraftModelDrafter(NoDrafter):
     def _pick(self, row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling
               ) -> tuple[int, torch.Tensor | None]:
         """The row's next draft token from draft logits [vocab], and the q it was drawn from."""
-        if row.params.is_greedy:
+        if row.params.is_greedy and not coupling.constrains(row):  # a constrained row's argmax is masked
             return int(logits.argmax()), None
         return coupling.draft(row, row.num_output_tokens + draft_index, logits)

@@ -1,6 +1,6 @@
 """`EagleDrafter`: chain drafting with an EAGLE-3 head from the target's own hidden states.
 
-The head's KV cache holds, per slot, positions whose inputs were the *target's* features: after a
+The head's KV cache holds, per lane (one per running row), positions whose inputs were the *target's* features: after a
 verify pass the target's features of the accepted positions are known, so the next round first
 feeds those (step 0, the catch-up) and then drafts one position per step from its own outputs.
 Positions drafted from the head's own outputs are never kept: the next round overwrites them with
@@ -17,6 +17,7 @@ import torch
 from specbatch.core import PassShape, Proposals, Row
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.eagle import EagleHead, sdpa_attend
+from specbatch.engine.forward import RowCache
 from specbatch.engine.slot_cache import SlotCache, causal_slot_mask
 
 
@@ -61,10 +62,13 @@ class EagleDrafter:
         self.num_groups = head.config.num_attention_heads // head.num_kv_heads
 
     def observe(self, rows: list[Row], starts: list[int], lengths: list[int], features: torch.Tensor) -> None:
-        """Keep the target's features [rows, query_len, 3·hidden] of the positions a pass computed."""
-        for index, (row, start, length) in enumerate(zip(rows, starts, lengths, strict=True)):
+        """Keep the target's features [Σ lengths, 3·hidden] (flat, rows in order) of the positions a
+        pass computed."""
+        offset = 0
+        for row, start, length in zip(rows, starts, lengths, strict=True):
             held = self.features.get(row.request_id)
-            new = features[index, :length]
+            new = features[offset : offset + length]
+            offset += length
             if held is not None and held.first <= start <= held.end:
                 held.keep_until(start)
                 held.chunks.append(new)
@@ -75,13 +79,15 @@ class EagleDrafter:
     def forget(self, row: Row) -> None:
         self.features.pop(row.request_id, None)
 
-    def prefill(self, rows: list[Row], slots: list[int], starts: list[int], ends: list[int]) -> PassShape | None:
+    def prefill(self, rows: list[Row], caches: list[RowCache], starts: list[int], ends: list[int]
+                ) -> PassShape | None:
         """Feed positions starts..ends (their target features came with this round's prefill pass)."""
-        _, shape = self._feed(rows, slots, starts, ends)
+        _, shape = self._feed(rows, [cache.lane for cache in caches], starts, ends)
         return shape
 
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+    def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
+        slots = [cache.lane for cache in caches]  # the head keeps its own per-row cache, by lane
         proposals = Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows], num_kept=[0 for _ in rows])
         # the head reads the target's features of the position before the pending token: a row whose
         # target has computed nothing yet (a one-token prompt) drafts from the next round on
@@ -188,7 +194,7 @@ class EagleDrafter:
         greedy_ids = (greedy + self.head.d2t[greedy]).tolist()
         picks: list[tuple[int, torch.Tensor | None]] = []
         for index, (row, draft_index) in enumerate(zip(rows, draft_indices, strict=True)):
-            if row.params.is_greedy:
+            if row.params.is_greedy and not coupling.constrains(row):  # a constrained row's argmax is masked
                 picks.append((greedy_ids[index], None))
             else:
                 logits = self.head.to_target_vocab(draft_logits[index]).to(self.target_device)

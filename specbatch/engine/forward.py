@@ -1,112 +1,96 @@
-"""A Hugging Face causal LM over its slot cache: one ragged forward pass per call.
+"""A Hugging Face causal LM over its paged cache: one flat ragged forward pass per call.
 
-Row b feeds `chunks[b]` at positions starts[b]..; rows are right-padded to the pass's query length
-and, where the model pads to shape buckets, the batch is padded with dummy rows (the scratch slot).
-Positions are always explicit per row, so learned and rotary position embeddings both stay exact.
-Decode-shaped passes (those that keep logits) run through `step`, the model or its captured graphs
-(`engine/graphs.py`); prefill passes run the model eagerly.
+Row r feeds `chunks[r]` at positions starts[r].. through its block table; every row's tokens go to
+the model as one flat batch `[1, Σ len(chunk)]` with per-token positions, so no row is padded to
+another's length and the matrix multiplies see only real tokens. Positions are explicit per token,
+so learned and rotary position embeddings both stay exact. Logits are computed only where the
+round reads them (`logits_to_keep` with the flat indices).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from specbatch.core import PassShape
-from specbatch.engine.slot_cache import SlotCache, causal_slot_mask
-from specbatch.sched.buckets import ShapeBuckets
+from specbatch.engine.paged_cache import PagedKVCache, bound_pass, build_layout
 
 
-class SlotModel:
-    """A model, the slot cache it writes, and how its passes are shaped."""
+@dataclass(frozen=True)
+class RowCache:
+    """Where one row's KV lives: its block table in the paged caches (target and draft model) and
+    its lane, the row's index in caches kept per row (an EAGLE head's)."""
 
-    def __init__(self, model: torch.nn.Module, cache: SlotCache, buckets: ShapeBuckets,
-                 mask_dtype: torch.dtype | None, pad_decode: bool, pad_prefill: bool,
-                 step: Callable[..., Any] | None = None) -> None:
-        self.model, self.cache, self.buckets, self.mask_dtype = model, cache, buckets, mask_dtype
-        # which passes pad to shape buckets: the target's all (eager) or its decode passes (graphs);
-        # the drafter's none (eager) or its draft steps (graphs)
-        self.pad_decode, self.pad_prefill = pad_decode, pad_prefill
+    table: list[int]
+    lane: int
+
+
+class PagedModel:
+    """A model and the paged cache it writes."""
+
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, step: Any = None) -> None:
+        self.model, self.cache = model, cache
         self.step = model if step is None else step
         self.cache_argument = cache_argument(model)
-        self.scratch_slot = cache.num_slots - 1  # padded batch rows write here, unless...
-        self.is_free: Callable[[int], bool] = lambda slot: False  # ...the slots after the real rows are free
         # layers whose inputs an EAGLE drafter reads: each pass then keeps them side by side in
-        # `features` [rows, query_len, len(feature_layers)·hidden] until the next pass
+        # `features` [tokens, len(feature_layers)·hidden] (flat, in the pass's row order) until the next pass
         self.feature_layers: tuple[int, ...] = ()
         self.features: torch.Tensor | None = None
 
+    @property
+    def device(self) -> torch.device:
+        return self.cache.keys[0].device
+
+    @property
+    def max_len(self) -> int:
+        """Positions the pool holds: the most one row could use."""
+        return self.cache.num_blocks * self.cache.block_size
+
+    def scratch_tables(self, num_rows: int, num_positions: int) -> list[list[int]]:
+        """Tables for timing or warm-up passes before any row's KV exists: row after row through the
+        pool's blocks, wrapping around (what they write is overwritten before it is read)."""
+        per_row = -(-num_positions // self.cache.block_size)
+        return [[(row * per_row + index) % self.cache.num_blocks for index in range(per_row)]
+                for row in range(num_rows)]
+
     @torch.no_grad()
-    def forward(self, slots: list[int], starts: list[int], chunks: list[list[int]],
-                keep_logits: bool = True, last_only: bool = False) -> tuple[torch.Tensor | None, PassShape]:
-        """Run the model; returns logits [len(slots), query_len, vocab] (None if keep_logits is False),
-        or with `last_only` [len(slots), 1, vocab] at each row's last chunk position: a draft step
-        that catches a cache up on ragged lags needs no more, and the output layer over every padded
-        position cost more than the bundled draft's one decoder layer (`benchmarks/draft_catch_up.py`:
-        1.3x at 64 rows 4 tokens behind, 1.4-1.7x where some rows lag by whole prompts)."""
-        shape = self.buckets.pass_shape(len(slots), max(starts), max(len(chunk) for chunk in chunks),
-                                        sum(len(c) for c in chunks), self.cache.max_len,
-                                        pad=self.pad_decode if keep_logits else self.pad_prefill)
-        query_len, num_bucket_rows, kv_len = shape.query_len, shape.num_bucket_rows, shape.kv_len
-        device = self.cache.keys[0].device
-        num_pad_rows = num_bucket_rows - len(slots)
-        all_slots = slots + self._padding_slots(slots, num_pad_rows)
-        row_starts = torch.tensor(starts + [0] * num_pad_rows, dtype=torch.long, device=device)  # [rows]
-        # built on the host and copied once: a copy per row cost a transfer each on a GPU
-        padded = [chunk + [0] * (query_len - len(chunk)) for chunk in chunks] + [[0] * query_len] * num_pad_rows
-        input_ids = torch.tensor(padded, dtype=torch.long, device=device)
-        positions = row_starts[:, None] + torch.arange(query_len, device=device)  # [rows, query_len]
-        self.cache.bind(all_slots, positions, kv_len)
-        mask = causal_slot_mask(row_starts, query_len, kv_len, self.mask_dtype)
-        ends = [len(chunk) - 1 for chunk in chunks]
-        # the positions whose logits are computed, for every row: in an eager pass only the rows' last
-        # ones, where fewer than all; a captured graph keeps its one output shape, rows picked after
-        kept = sorted(set(ends)) if keep_logits and last_only and self.step is self.model else None
-        kept = kept if kept is not None and len(kept) < query_len else None
-        output = (self.step if keep_logits else self.model)(
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=mask,
-            **{self.cache_argument: self.cache},
-            use_cache=True,
-            logits_to_keep=(0 if kept is None else torch.tensor(kept, device=device)) if keep_logits else 1,
-            output_hidden_states=bool(self.feature_layers),
-        )
+    def forward(self, tables: list[list[int]], starts: list[int], chunks: list[list[int]],
+                keep_logits: bool = True, last_only: bool = False, keep: list[int] | None = None
+                ) -> tuple[torch.Tensor | None, PassShape]:
+        """Run the model; returns logits [Σ len(chunk), vocab], each row's positions after the
+        previous row's (None if keep_logits is False); with `last_only` [len(tables), vocab] at each
+        row's last chunk position; with `keep` [len(keep), vocab] at those flat positions."""
+        lengths = [len(chunk) for chunk in chunks]
+        device = self.device
+        layout = build_layout(tables, starts, lengths, self.cache.block_size, device)
+        num_tokens, query_len = layout.num_tokens, max(lengths)
+        input_ids = torch.tensor([token for chunk in chunks for token in chunk], dtype=torch.long, device=device)
+        positions = torch.tensor([start + i for start, length in zip(starts, lengths, strict=True)
+                                  for i in range(length)], dtype=torch.long, device=device)
+        kv_len = max(start + length for start, length in zip(starts, lengths, strict=True))
+        shape = PassShape(len(tables), len(tables), query_len, kv_len, num_tokens, flat_padded_positions=0,
+                          flat_kv_tokens_read=sum(starts) + num_tokens)
+        ends = torch.tensor(lengths, device=device).cumsum(0) - 1  # [rows] each row's last token
+        kept: Any = 0  # every position
+        if not keep_logits:
+            kept = 1
+        elif last_only:
+            kept = ends
+        elif keep is not None and len(keep) < num_tokens:
+            kept = torch.tensor(keep, dtype=torch.long, device=device)
+        self.cache.bind(layout, kv_len)
+        with bound_pass(layout):
+            output = self.step(
+                input_ids=input_ids[None], position_ids=positions[None], **{self.cache_argument: self.cache},
+                use_cache=True, logits_to_keep=kept, output_hidden_states=bool(self.feature_layers))
         if self.feature_layers:
-            self.features = torch.cat([output.hidden_states[i][: len(slots)] for i in self.feature_layers], dim=-1)
+            self.features = torch.cat([output.hidden_states[i][0] for i in self.feature_layers], dim=-1)
         if not keep_logits:
             return None, shape
-        logits = output.logits[: len(slots)]
-        if not last_only:
-            return logits, shape
-        if len(set(ends)) == 1:  # every row's last position is one column: a view
-            column = 0 if kept is not None else ends[0]
-            return logits[:, column : column + 1], shape
-        columns = ends if kept is None else [kept.index(end) for end in ends]
-        return logits[torch.arange(len(slots), device=device), torch.tensor(columns, device=device)][:, None], shape
-
-    def _padding_slots(self, slots: list[int], num_pad_rows: int) -> list[int]:
-        """Slots for padded batch rows: the free slots right after contiguous real rows, so the cache
-        still reads the batch as a view of one slot range; otherwise the scratch slot, repeated.
-        Padded rows write garbage only there: a free slot is prefilled from 0 before it is read."""
-        tail = list(range(slots[-1] + 1, slots[-1] + 1 + num_pad_rows))
-        if tail and tail[-1] < self.scratch_slot and all(map(self.is_free, tail)):
-            return tail
-        return [self.scratch_slot] * num_pad_rows
-
-    def warm_up(self, shapes: list[tuple[int, int]]) -> None:
-        """Run one decode-shaped pass per (rows, query length), so its graph is captured before the
-        first round. Only before any row's KV exists: it writes positions 0.. of slots 0..rows-1 and
-        pads into the slots after them, as a round does (every slot holds nothing yet)."""
-        is_free, self.is_free = self.is_free, lambda slot: True
-        try:
-            for num_rows, query_len in shapes:
-                self.forward(list(range(num_rows)), [0] * num_rows, [[0] * query_len] * num_rows)
-        finally:
-            self.is_free = is_free
+        return output.logits[0], shape  # [kept tokens, vocab]
 
 
 def cache_argument(model: torch.nn.Module) -> str:

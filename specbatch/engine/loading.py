@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 from specbatch.config import ModelsConfig
 from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.model_paths import ModelLoadError
+from specbatch.engine.paged_cache import ATTENTION_NAME
 from specbatch.sched.capacity import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def load_model(name: str, models: ModelsConfig, device: str | None = None) -> Pr
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=DTYPES[models.dtype], attn_implementation=models.attn_implementation,
+            path, config=config, dtype=DTYPES[models.dtype], attn_implementation=ATTENTION_NAME,
             trust_remote_code=models.trust_remote_code,
         )
     except (OSError, ValueError, KeyError) as error:

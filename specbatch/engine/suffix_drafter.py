@@ -17,6 +17,7 @@ from specbatch.config import DrafterConfig
 from specbatch.core import Proposals, Row, Status
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import NoDrafter
+from specbatch.engine.forward import RowCache
 from specbatch.engine.suffix_index import BoundedSuffixIndex, GrowingSuffixIndex, SuffixDraft
 
 
@@ -32,7 +33,7 @@ class SuffixDrafter(NoDrafter):
         if row.status is Status.COMPLETED and row.num_output_tokens:
             self.job_index.add(row.token_ids[max(0, row.num_prompt_tokens - self.max_depth + 1) :])
 
-    def propose(self, rows: list[Row], ks: list[int], slots: list[int], starts: list[int],
+    def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         tokens = [self.best_draft(row, k).token_ids if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         return Proposals(tokens, [None for _ in rows], [0 for _ in rows])

@@ -37,9 +37,11 @@ def commit_round(scheduler: Scheduler, stops: StopChecker, plan: RoundPlan, outc
             row.num_draft_computed = end
         row.num_computed = end
         row.num_target_positions += size
+        scheduler.kv.register(row)  # its full computed blocks can be shared from now on
     result = RoundCommit()
     for row_outcome in outcome.rows:
         result.verified.append((row_outcome, _commit_verified(scheduler, stops, row_outcome, now_s)))
+        scheduler.kv.register(row_outcome.row)
         if row_outcome.row.status is Status.COMPLETED:
             result.finished.append(row_outcome.row)
     for row in result.finished:
@@ -66,6 +68,7 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     if num_proposed:
         row.accept_history.append((outcome.num_accepted, num_proposed))
         scheduler.stats.observe(row.domain, num_proposed, outcome.num_accepted)
+        scheduler.ctx.alphas.observe_drafts(row, num_proposed, outcome.num_accepted)
     if row.first_token_s is None and committed:
         row.first_token_s = now_s
     return committed

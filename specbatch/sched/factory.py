@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbatch.config import JobConfig, LookaheadSpec, PrefillChunkSpec
+from specbatch.config import MODEL_DRAFTERS, JobConfig, LookaheadSpec, PrefillChunkSpec
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
 from specbatch.sched.draft_control import DraftControl, DraftGate
+from specbatch.sched.kv_blocks import KVBlocks
 from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead
 from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.order import LapsSd, SpecbatchOrder
@@ -26,7 +26,6 @@ from specbatch.sched.policies import (
     ShortestJobFirst,
 )
 from specbatch.sched.prefill import DeadlinePrefillChunk
-from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sched.roundcost import RoundCostModel
 from specbatch.sched.scheduler import Scheduler, SchedulerLimits
 
@@ -113,13 +112,15 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     # clock, and with fixed k (and the rejection coupling) the schedule is what fixes a seed's text
     learns = s.learn_cost and config.effective_lookahead.kind == "adaptive" and config.max_lookahead > 0
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
-                                uses_draft_model=config.drafter.kind in ("draft", "eagle"))
+                                uses_draft_model=config.drafter.model_kind is not None)
     cost_fit = OnlineCostFit(round_cost.cost, draft_model=round_cost.uses_draft_model) if learns else None
     return SchedContext(round_cost, max_lookahead=config.max_lookahead, max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,
                         # with a gate, whether anything drafts is measured: the prompts prefilled
                         # before the first decode round fill the draft cache only if it drafts
-                        draft=DraftControl(cost_fit, DraftGate() if learns else None, drafting=not learns))
+                        draft=DraftControl(cost_fit, DraftGate() if learns else None, drafting=not learns),
+                        drafter_kinds=config.drafter.kinds if config.max_lookahead else (),
+                        model_drafter_kinds=frozenset(MODEL_DRAFTERS))
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None
@@ -131,20 +132,22 @@ def policies(config: JobConfig, ctx: SchedContext | None = None
 
 
 def make_scheduler(config: JobConfig, kv_capacity_tokens: int, max_context: int,
-                   cost: CostModel | None = None) -> Scheduler:
-    """The scheduler of one worker: limits, KV budget, the shared context and the three policies."""
+                   cost: CostModel | None = None, kv_bytes_per_token: int = 0) -> Scheduler:
+    """The scheduler of one worker: limits, KV blocks, the shared context and the three policies."""
     ctx = make_context(config, cost)
     limits = SchedulerLimits(config.scheduler.max_batch_rows, config.scheduler.max_round_tokens, max_context,
                              config.max_lookahead, config.capacity.admission)
     order, lookahead, prefill_chunk = policies(config, ctx)
-    return Scheduler(limits, KVBudget(kv_capacity_tokens), order, lookahead, prefill_chunk, context=ctx,
-                     prefix=make_prefix_cache(config))
+    return Scheduler(limits, make_kv_blocks(config, kv_capacity_tokens, kv_bytes_per_token), order, lookahead,
+                     prefill_chunk, context=ctx)
 
 
-def make_prefix_cache(config: JobConfig) -> PrefixCache | None:
-    """The job's shared-prefix index (`cache.prefix`), told what the drafter keeps per row."""
-    if not config.cache.prefix:
-        return None
-    kind = config.drafter.kind
-    return PrefixCache(config.cache.prefix_block_tokens, uses_draft_cache=kind in ("draft", "eagle"),
-                       draft_from_target_features=kind == "eagle", max_retained_bytes=config.cache.prefix_kv_bytes)
+def make_kv_blocks(config: JobConfig, kv_capacity_tokens: int, kv_bytes_per_token: int = 0) -> KVBlocks:
+    """The job's KV blocks. Shared prefixes (`cache.prefix`) are off with an EAGLE head: its cache at
+    a position was fed the target's hidden state there, which a row sharing the block never computed."""
+    c = config.cache
+    max_cached = None
+    if c.prefix_kv_bytes is not None:
+        max_cached = c.prefix_kv_bytes // max(kv_bytes_per_token * c.block_tokens, 1)
+    share = c.prefix and "eagle" not in config.drafter.kind
+    return KVBlocks(max(1, kv_capacity_tokens // c.block_tokens), c.block_tokens, share, max_cached)

@@ -65,27 +65,3 @@ class Packer:
             shape.add(row.num_computed, k, draft_lag(row) if k else 0)
         tokens = sum(expected_tokens(self.ctx.alpha(row), k) for row in rows)
         return tokens / self.ctx.round_cost.decode_ms(shape)
-
-
-def prefill_passes(work: list[tuple[Row, int]], positions_per_pass: float) -> list[list[tuple[Row, int]]]:
-    """The round's prefill chunks split into passes so that padding costs little: a pass pads every
-    row to its longest chunk, and another pass costs what `positions_per_pass` positions do (the cost
-    model's target_passes / target_rows). Over chunks sorted longest first, a pass takes a run of
-    them; the split minimising Σ (positions_per_pass + rows · longest) is a small dynamic programme
-    (O(n²), n the round's prefill rows). One pass where a pass costs more than any padding saved."""
-    if len(work) < 2:
-        return [work] if work else []
-    ordered = sorted(work, key=lambda item: -item[1])
-    sizes = [size for _, size in ordered]
-    best = [0.0] + [float("inf")] * len(ordered)  # best[j]: cost of the first j chunks
-    cut = [0] * (len(ordered) + 1)
-    for end in range(1, len(ordered) + 1):
-        for start in range(end):
-            cost = best[start] + positions_per_pass + (end - start) * sizes[start]
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    passes, end = [], len(ordered)
-    while end > 0:
-        passes.append(ordered[cut[end] : end])
-        end = cut[end]
-    return passes[::-1]

@@ -6,7 +6,8 @@ prefill row for its chunk. A row whose prefill completes this round also verifie
 Per round: admit (grow reservations, preempt for priority, admit in policy order) → pack the
 decodable rows → lookahead k per row → prefill chunks with what is left of the token budget.
 Preemption is by recompute: the row's KV is freed, num_computed reset, and it is re-prefilled
-when re-admitted (greedy output unchanged).
+when re-admitted (greedy output unchanged). KV is counted in blocks (`KVBlocks`), a shared block
+once: a row admitted with its prefix registered points at those blocks and starts computed past them.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 
 from specbatch.core import RoundPlan, Row, Status
 from specbatch.records import RoundRecord, ms_since
-from specbatch.sched.capacity import KVBudget
 from specbatch.sched.context import SchedContext
+from specbatch.sched.drafter_choice import choose_drafters, probe_with_model
 from specbatch.sched.estimates import AcceptanceStats
-from specbatch.sched.packing import Packer, prefill_passes
+from specbatch.sched.kv_blocks import KVBlocks
+from specbatch.sched.packing import Packer
+from specbatch.sched.pass_profile import forecast_round
 from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
-from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sched.queues import WaitQueue
 from specbatch.sched.roundcost import DecodeShape
 
@@ -47,16 +49,14 @@ class Scheduler:
     def __init__(
         self,
         limits: SchedulerLimits,
-        kv: KVBudget,
+        kv: KVBlocks,
         order: OrderPolicy,
         lookahead: LookaheadPolicy,
         prefill_chunk: PrefillChunkPolicy,
         stats: AcceptanceStats | None = None,
         context: SchedContext | None = None,
-        prefix: PrefixCache | None = None,
     ) -> None:
         self.limits, self.kv = limits, kv
-        self.prefix = prefix  # shared prompt prefixes whose KV rows copy instead of computing
         self.ctx = context or SchedContext(
             stats=stats or AcceptanceStats(), max_lookahead=limits.max_lookahead,
             max_batch_rows=limits.max_batch_rows, max_round_tokens=limits.max_round_tokens)
@@ -95,20 +95,21 @@ class Scheduler:
             row = self.waiting.peek(now_s)
             assert row is not None  # the queue is not empty
             need = self.reservation(row)
-            if need > self.kv.capacity_tokens:
+            if self.kv.blocks_for(need) > self.kv.num_blocks:
                 self.waiting.pop(now_s)
                 row.status, row.drop_reason = Status.DROPPED, "exceeds_kv_capacity"
                 result.dropped.append(row)
                 continue
             if any(row is r for r in result.preempted):
                 break  # a row preempted this round waits at least a round
-            if self._can_admit(row, need):
-                self._admit(self.waiting.pop(now_s), need, now_s, result)
+            shared = self.kv.lookup(row)
+            if self._can_admit(row, need, shared):
+                self._admit(self.waiting.pop(now_s), need, shared, now_s, result)
                 continue
             if (not self.order.preemptive or num_priority_preemptions >= self.limits.max_preemptions_per_round
                     or not self._fits_round_time(row)):
                 break  # preempting frees slots and KV, not round time
-            victim = self._priority_victim(row, need, now_s, result.admitted)
+            victim = self._priority_victim(row, self.kv.need(row, need, shared), now_s, result.admitted)
             if victim is None:
                 break
             self.preempt(victim)
@@ -116,8 +117,8 @@ class Scheduler:
             num_priority_preemptions += 1
         return result
 
-    def _can_admit(self, row: Row, need: int) -> bool:
-        return (len(self.running) < self.limits.max_batch_rows and self.kv.can_reserve(need)
+    def _can_admit(self, row: Row, need: int, shared: list[int]) -> bool:
+        return (len(self.running) < self.limits.max_batch_rows and self.kv.can_admit(row, need, shared)
                 and self._fits_round_time(row))
 
     def _fits_round_time(self, row: Row) -> bool:
@@ -129,11 +130,13 @@ class Scheduler:
         shape = DecodeShape.of(self.running + [row], [k] * (len(self.running) + 1))
         return self.ctx.round_cost.decode_ms(shape) <= self.ctx.tpot_slo_ms
 
-    def _admit(self, row: Row, need: int, now_s: float, result: Admission) -> None:
-        self.kv.reserve(row.request_id, need)
+    def _admit(self, row: Row, need: int, shared: list[int], now_s: float, result: Admission) -> None:
+        reused = self.kv.admit(row, need, shared)
+        if reused > row.num_computed:  # a re-admitted row has computed nothing (preemption reset it)
+            row.num_reused_tokens += reused - row.num_computed
+            row.num_computed = reused
+            row.num_draft_computed = self.kv.num_draft_shared(row.request_id)
         row.status = Status.RUNNING
-        if self.prefix is not None:
-            self.prefix.register(row)
         if row.admitted_s is None:
             row.admitted_s = now_s
         self.running.append(row)
@@ -141,42 +144,39 @@ class Scheduler:
 
     def _priority_victim(self, row: Row, need: int, now_s: float,
                          just_admitted: list[Row]) -> Row | None:
-        """A running row to preempt so that `row` fits, if the order policy wants one and freeing
-        it makes room (a slot and enough KV); None otherwise. Rows admitted this round are safe."""
+        """A running row to preempt so that `row` fits (`need` blocks), if the order policy wants one
+        and freeing it makes room (a slot and enough KV); None otherwise. Rows admitted this round are safe."""
         if not self.order.preemptive:
             return None
         fresh = {id(r) for r in just_admitted}
         candidates = [r for r in self.running
                       if id(r) not in fresh and self.order.should_preempt(r, row, now_s)]
-        held = [self.kv.reserved.get(r.request_id, 0) for r in candidates]
-        fits = [i for i, h in enumerate(held) if self.kv.num_free + h >= need]
+        held = [self.kv.held_tokens(r.request_id) for r in candidates]
+        free, size = self.kv.num_free * self.kv.block_size, self.kv.block_size
+        fits = [i for i, h in enumerate(held) if free + h >= need * size]
         if not fits:
             return None
         pool = [candidates[i] for i in fits]
-        return self.order.pick_victim(pool, now_s, [held[i] for i in fits], need - self.kv.num_free)
+        return self.order.pick_victim(pool, now_s, [held[i] for i in fits], need * size - free)
 
     def _grow_reservations(self, now_s: float) -> list[Row]:
         """Optimistic mode: each running row needs room for its next round; preempt (policy's pick)
         until everyone left fits."""
         preempted: list[Row] = []
         while self.running:
-            wants = sum(max(self.reservation(r), self.kv.reserved.get(r.request_id, 0)) for r in self.running)
-            deficit = wants - self.kv.capacity_tokens
-            if deficit <= 0:
+            for row in self.running:
+                self.kv.reserve(row.request_id, max(self.reservation(row), self.kv.reserved(row.request_id)))
+            if self.kv.num_free >= 0:
                 break
-            held = [self.kv.reserved.get(r.request_id, 0) for r in self.running]
-            victim = self.order.pick_victim(list(self.running), now_s, held, deficit)
+            held = [self.kv.held_tokens(r.request_id) for r in self.running]
+            victim = self.order.pick_victim(list(self.running), now_s, held, -self.kv.num_free * self.kv.block_size)
             self.preempt(victim)
             preempted.append(victim)
-        for row in self.running:
-            self.kv.reserve(row.request_id, max(self.reservation(row), self.kv.reserved[row.request_id]))
         return preempted
 
     def preempt(self, row: Row) -> None:
         _remove(self.running, row)
         self.kv.free(row.request_id)
-        if self.prefix is not None:
-            self.prefix.forget(row)
         row.num_computed = row.num_draft_computed = 0
         row.num_preemptions += 1
         self.add(row, self.ctx.now_s)
@@ -186,18 +186,18 @@ class Scheduler:
         self.ctx.now_s = now_s
         admission = self.admit(now_s)
         plan = RoundPlan()
-        held_back = self._reuse_prefixes(plan)
+        held_back = self._share_prefixes()
         decoding = [row for row in self.running if row.is_decoding]
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s, held_back)
-        if len(plan.prefill) > 1:
-            cost = self.ctx.round_cost.cost
-            plan.prefill_passes = prefill_passes(plan.prefill, cost.target_passes / max(cost.target_rows, 1e-9))
         plan.probe = self.draft.probe_row(plan)
+        probe_with_model(self.ctx.alphas, plan.probe)
+        self._allocate(plan)
         self.ctx.observe_plan(plan, len(self.running))
         self.draft.observe_plan(plan, self.ctx.round_cost)
         plan.draft_prefill = bool(plan.prefill) and (self.draft.drafting or self._drafts_when_current(plan))
+        forecast_round(self.ctx, plan, [self.cap(row) for row, _ in plan.decode])  # the limit in the ledger
         plan.plan_ms = ms_since(started)
         return plan, admission
 
@@ -208,7 +208,9 @@ class Scheduler:
 
     def _plan_decode(self, plan: RoundPlan, rows: list[Row]) -> int:
         budget = self.limits.max_round_tokens
-        for row, k in zip(rows, self.lookahead.choose(rows, [self.cap(r) for r in rows]), strict=True):
+        caps = [self.cap(r) for r in rows]
+        choose_drafters(self.ctx.alphas, self.ctx.round_cost, rows, caps)  # where the job has several
+        for row, k in zip(rows, self.lookahead.choose(rows, caps), strict=True):
             if budget < 1:
                 break
             k = max(0, min(k, budget - 1))
@@ -216,26 +218,33 @@ class Scheduler:
             budget -= 1 + k
         return budget
 
-    def _reuse_prefixes(self, plan: RoundPlan) -> set[int]:
-        """Copy shared prefixes into rows with prefill left (`PrefixCache.plan`): each copy goes on
-        the plan and counts as computed from now on, so the row's prefill resumes after it. Returns
-        the ids of rows that wait this round for an earlier row computing more of their prefix."""
-        if self.prefix is None:
-            return set()
-        held_back = set()
+    def _share_prefixes(self) -> set[int]:
+        """Point prefilling rows at blocks registered since they last looked (an earlier row computed
+        the same tokens); returns the ids of rows that wait this round because an earlier row is
+        about to compute their next block, so a batch admitted at once computes a shared prefix once."""
+        held_back, computing = set(), set()
         for row in self.running:
             if row.is_decoding:
                 continue
-            copy, wait = self.prefix.plan(row)
-            if copy is not None:
-                plan.reuse.append(copy)
-                row.num_computed = copy.end
-                row.num_draft_computed = max(row.num_draft_computed, copy.draft_end)
-                row.num_reused_tokens += copy.num_tokens
-            if wait and not row.is_decoding:
+            gained = self.kv.extend_shared(row)
+            if gained:
+                row.num_computed += gained
+                row.num_reused_tokens += gained
+            key = self.kv.next_key(row) if not row.is_decoding else None
+            if key is None:
+                continue
+            if key in computing:
                 held_back.add(id(row))
-        self.prefix.pin_sources(plan.reuse)
+            computing.add(key)
         return held_back
+
+    def _allocate(self, plan: RoundPlan) -> None:
+        """Blocks for every position this round writes: prefill chunks, verify windows, draft steps."""
+        ends = {id(row): (row, row.num_computed + size) for row, size in plan.prefill}
+        for row, k in plan.decode:
+            ends[id(row)] = (row, plan.computed_after_prefill(row) + 1 + k)
+        for row, end in ends.values():
+            self.kv.ensure(row.request_id, end)
 
     def _plan_prefill(self, plan: RoundPlan, budget: int, now_s: float, held_back: set[int]) -> None:
         """Prefill rows in priority order, but those waiting for a shared prefix. A row whose prefill
@@ -260,6 +269,7 @@ class Scheduler:
         if not completing:
             return
         caps = [self.cap(r) for r in completing]
+        choose_drafters(self.ctx.alphas, self.ctx.round_cost, completing, caps)
         max_k = max((k for _, k in plan.decode), default=None)
         ks = self.lookahead.choose(completing, caps) if max_k is None else [min(c, max_k) for c in caps]
         for row, k in zip(completing, ks, strict=True):
@@ -280,6 +290,7 @@ class Scheduler:
                           self.limits.max_context - row.num_tokens))
 
     def finish(self, row: Row) -> None:
+        self.kv.register(row)
         _remove(self.running, row)
         self.kv.free(row.request_id)
         if row.status is Status.COMPLETED:

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
-from specbatch.sched.prefix_cache import PrefixCache
 from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance
 
 SIM_EOS_TOKEN_ID = 0
@@ -59,19 +58,25 @@ class SimBackend:
         seed: int = 0,
         timing_noise: float = 0.0,
         worker_id: int = 0,
+        drafter_alpha_scale: Mapping[str, float] | None = None,
     ) -> None:
         """`outputs[request_id]` = (output tokens the request generates, whether the last is EOS);
         `max_kv_len` is a slot's length (context + max lookahead + 1), the KV-length ceiling;
-        `timing_noise` the σ of the log of each round's speed factor (0: every round as priced)."""
-        if drafter_kind not in ("draft", "eagle", "ngram", "suffix", "none"):
+        `timing_noise` the σ of the log of each round's speed factor (0: every round as priced).
+        `drafter_kind` may name several drafters (`a,b`: each row drafts with `Row.drafter`); a row's
+        α under drafter d is its α times `drafter_alpha_scale[d]` (1 if absent; `DomainAcceptance`)."""
+        self.kinds = tuple(drafter_kind.split(","))
+        if not all(kind in ("draft", "eagle", "ngram", "suffix", "none") for kind in self.kinds):
             raise ValueError(f"unknown drafter kind {drafter_kind!r}")
+        self.model_kinds = frozenset(kind for kind in self.kinds if kind in ("draft", "eagle"))
+        self._log_scales = {kind: math.log(scale) if scale > 0 else -math.inf
+                            for kind, scale in (drafter_alpha_scale or {}).items()}
         self.cost, self.acceptance, self.clock, self.buckets = cost, acceptance, clock, buckets
         self.max_kv_len, self.outputs, self.seed = max_kv_len, outputs, seed
         self.timing_noise = timing_noise  # checked where a user sets it (SimOptions)
         self._speed = random.Random(f"specbatch.sim.speed:{seed}:{worker_id}")
-        self.uses_draft_model = drafter_kind in ("draft", "eagle")
+        self.uses_draft_model = bool(self.model_kinds)
         self.rngs: dict[str, random.Random] = {}
-        self.prefix: PrefixCache | None = None
         self._drafts: dict[int, list[int]] = {}  # k -> k fake draft tokens
         # DomainAcceptance is drawn inline (the same draws as `accepted_prefix`, a third of the
         # cost): ln α per running request, 0.0 for α = 1 and -inf for α = 0
@@ -85,14 +90,11 @@ class SimBackend:
             alpha = self.acceptance.alpha(row.request_id, row.domain)
             self._log_alphas[row.request_id] = math.log(alpha) if alpha > 0 else -math.inf
 
-    def use_prefix_cache(self, prefix: PrefixCache) -> None:
-        """A copied prefix costs nothing here: the scheduler's copy already counts it computed, so
-        only the suffix is prefilled and priced. No slots: only running rows hold prefixes."""
-        self.prefix = prefix
+    def use_kv_blocks(self, kv: object) -> None:
+        """Shared blocks cost nothing here: the scheduler counts them computed, so only the rest is
+        prefilled and priced."""
 
     def release(self, row: Row, finished: bool) -> None:
-        if self.prefix is not None:
-            self.prefix.forget(row)
         if finished:
             self.rngs.pop(row.request_id, None)
             self.acceptance.release(row.request_id)
@@ -102,7 +104,7 @@ class SimBackend:
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         outcome = RoundOutcome()
         if plan.prefill:
-            outcome.prefill_shapes = [self._prefill_shape(work) for work in plan.prefill_pass_work()]
+            outcome.prefill_shapes = [self._prefill_shape(plan.prefill)]
             outcome.num_draft_prefill_positions = self._draft_prefill_positions(plan.prefill, plan.draft_prefill)
         if plan.decode:
             starts = [plan.computed_after_prefill(row) for row, _ in plan.decode]
@@ -132,7 +134,7 @@ class SimBackend:
             return proposals
         num_rows = num_fed = max_fed = max_k = further = 0
         for index, ((row, k), start) in enumerate(zip(decode, starts, strict=True)):
-            if k > 0:
+            if k > 0 and self._drafts_with_model(row):
                 draft_start = RoundPlan.draft_start(row, start, alongside)
                 fed = len(row.token_ids) - draft_start
                 num_rows, num_fed, further = num_rows + 1, num_fed + fed, further + k - 1
@@ -164,6 +166,8 @@ class SimBackend:
                 num_accepted = num_accepted_of(request_id, row.domain, position, k, rngs[request_id])
             else:  # accepted_prefix: X = min(k, floor(ln U / ln α)), U in (0, 1]
                 u, log_alpha = 1.0 - rngs[request_id].random(), log_alphas[request_id]
+                if self._log_scales:
+                    log_alpha = min(0.0, log_alpha + self._log_scales.get(self._kind(row), 0.0))
                 num_accepted = k if log_alpha == 0.0 else min(k, int(log(u) / log_alpha))
             num_output_tokens, ends_with_eos = outputs[request_id]
             eos_at = num_output_tokens - 1 - position  # index of EOS among this round's tokens
@@ -173,6 +177,12 @@ class SimBackend:
             proposed = drafts.get(k) or drafts.setdefault(k, [SIM_TOKEN_ID] * k)  # shared, never mutated
             outcomes.append(RowOutcome(row, k, proposed, num_accepted, emitted, num_fed[index]))
         return outcomes, self._pass_shape(len(decode), max_start, max_len, num_positions)
+
+    def _kind(self, row: Row) -> str:
+        return row.drafter if row.drafter in self.kinds else self.kinds[0]
+
+    def _drafts_with_model(self, row: Row) -> bool:
+        return self._kind(row) in self.model_kinds
 
     def _pass_shape(self, num_rows: int, max_start: int, max_len: int, num_positions: int) -> PassShape:
         return self.buckets.pass_shape(num_rows, max_start, max_len, num_positions, self.max_kv_len)

@@ -1,0 +1,234 @@
+"""KV held in fixed-size blocks that rows point at through block tables, and the attention that
+reads it for one flat ragged pass.
+
+Storage is one tensor per layer for keys and one for values, `[num_blocks * block_size, kv_heads,
+head_dim]`: position p of a row lives at `table[p // block_size] * block_size + p % block_size`. A
+shared prefix is the same blocks in several tables (the allocator, `sched/kv_blocks.py`, decides
+which); nothing here copies KV. A pass feeds every row's new tokens as one flat batch `[1, tokens]`
+with per-token positions (`PassLayout`): the model's layers write their new keys through
+`slot_mapping` (`PagedKVCache.update`) and attend through `paged_attention`, which the models
+reach through transformers' `AttentionInterface`, so every family whose attention goes through that
+interface runs paged with its own projections, norms and rotary code.
+
+Attention groups rows by query length so that a verify window of 5 positions is never padded to a
+prefill chunk's 512: each group gathers its rows' KV once per layer `[rows, kv_len, heads, dim]` and
+runs one SDPA call with the group's causal mask (built once per pass, shared by every layer).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION_NAME = "specbatch_paged"
+_PASS: contextvars.ContextVar[PassLayout | None] = contextvars.ContextVar("specbatch_pass", default=None)
+
+
+@dataclass
+class AttentionGroup:
+    """Rows attended together: each padded to the group's longest query and KV extent."""
+
+    num_rows: int
+    query_len: int
+    token_index: torch.Tensor | None  # [rows, query_len] into the pass's tokens; None: tokens are [rows, query_len]
+    kv_index: torch.Tensor  # [rows, kv_len] physical positions to gather (padding reads position 0)
+    mask: torch.Tensor | None  # [rows, 1, query_len, kv_len] bool, True = attend; None: all visible
+    keep: torch.Tensor | None  # [real tokens] indices into the flattened [rows * query_len] output
+    tokens: torch.Tensor | None  # [real tokens] their indices in the pass
+
+
+@dataclass
+class PassLayout:
+    """Where one flat pass's tokens go and what each row attends to, built once per pass on the host."""
+
+    num_tokens: int
+    slot_mapping: torch.Tensor  # [tokens] physical position each new token's KV is written to
+    groups: list[AttentionGroup]
+
+
+def build_layout(tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int,
+                 device: torch.device) -> PassLayout:
+    """The layout of a pass where row r feeds `lengths[r]` tokens at positions starts[r].. and reads
+    positions [0, starts[r] + lengths[r]) through block table `tables[r]`."""
+    slots: list[int] = []
+    for table, start, length in zip(tables, starts, lengths, strict=True):
+        slots.extend(_physical(table, start, start + length, block_size))
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    groups = [_group(members, tables, starts, lengths, offsets, block_size, device)
+              for members in _group_rows(lengths)]
+    return PassLayout(offsets[-1], torch.tensor(slots, dtype=torch.long, device=device), groups)
+
+
+def _physical(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def _group_rows(lengths: list[int]) -> list[list[int]]:
+    """Rows by query length: one group per power-of-two class of lengths, so a group pads a row's
+    query to less than twice its own (verify windows and draft steps all land in one group)."""
+    classes: dict[int, list[int]] = {}
+    for row, length in enumerate(lengths):
+        classes.setdefault(max(length - 1, 0).bit_length(), []).append(row)
+    return [classes[key] for key in sorted(classes)]
+
+
+def _group(members: list[int], tables: list[list[int]], starts: list[int], lengths: list[int],
+           offsets: list[int], block_size: int, device: torch.device) -> AttentionGroup:
+    query_len = max(lengths[r] for r in members)
+    kv_len = max(starts[r] + lengths[r] for r in members)
+    kv_rows = [_physical(tables[r], 0, starts[r] + lengths[r], block_size) for r in members]
+    kv_index = torch.tensor([row + [0] * (kv_len - len(row)) for row in kv_rows], dtype=torch.long, device=device)
+    starts_t = torch.tensor([starts[r] for r in members], device=device)  # [rows]
+    ends_t = starts_t + torch.tensor([lengths[r] for r in members], device=device)
+    positions = torch.arange(kv_len, device=device)
+    last_visible = starts_t[:, None] + torch.arange(query_len, device=device)  # [rows, query_len]
+    visible = positions[None, None, :] <= last_visible[:, :, None]  # causal
+    visible &= positions[None, None, :] < ends_t[:, None, None]  # within the row's own KV
+    mask = None if bool(visible.all()) else visible[:, None]
+    contiguous = members == list(range(members[0], members[-1] + 1))
+    uniform = all(lengths[r] == query_len for r in members)
+    if contiguous and uniform and offsets[members[0]] == 0 and offsets[members[-1] + 1] == offsets[-1]:
+        return AttentionGroup(len(members), query_len, None, kv_index, mask, None, None)  # the whole pass, row-major
+    columns = torch.arange(query_len, device=device)
+    token_index = torch.tensor([offsets[r] for r in members], device=device)[:, None] + columns  # [rows, query_len]
+    real = columns[None, :] < (ends_t - starts_t)[:, None]  # [rows, query_len]
+    token_index = torch.where(real, token_index, torch.zeros_like(token_index))
+    return AttentionGroup(len(members), query_len, token_index, kv_index, mask, real.flatten().nonzero().flatten(),
+                          token_index[real])
+
+
+class PagedKVCache(Cache):
+    """Keys and values of every layer in blocks; a pass writes through its layout's slot mapping."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, value_head_dim: int | None = None) -> None:
+        super().__init__(layers=[])
+        positions = num_blocks * block_size
+        self.keys = [torch.zeros(positions, num_kv_heads, head_dim, dtype=dtype, device=device)
+                     for _ in range(num_layers)]
+        self.values = [torch.zeros(positions, num_kv_heads, value_head_dim or head_dim, dtype=dtype, device=device)
+                       for _ in range(num_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.layout: PassLayout | None = None
+        self._kv_len = 0
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.keys + self.values)
+
+    def bind(self, layout: PassLayout, kv_len: int) -> None:
+        self.layout, self._kv_len = layout, kv_len
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # key_states / value_states: [1, num_kv_heads, tokens, head_dim] of the flat pass
+        assert self.layout is not None, "bind() comes before a forward"
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        slots = self.layout.slot_mapping
+        keys[slots] = key_states[0].transpose(0, 1).to(keys.dtype)
+        values[slots] = value_states[0].transpose(0, 1).to(values.dtype)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._kv_len
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self._kv_len, 0
+
+    def copy_positions(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """Copy KV between physical positions (a row's block that must not be shared further)."""
+        for tensor in self.keys + self.values:
+            tensor[destination] = tensor[source]
+
+
+class bound_pass:
+    """Context in which `paged_attention` reads `layout` (the model call of one pass)."""
+
+    def __init__(self, layout: PassLayout) -> None:
+        self.layout = layout
+
+    def __enter__(self) -> PassLayout:
+        self._token = _PASS.set(self.layout)
+        return self.layout
+
+    def __exit__(self, *exc: object) -> None:
+        _PASS.reset(self._token)
+
+
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    softcap: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention of one flat pass over the paged cache. query: [1, heads, tokens, dim]; key/value: the
+    layer's whole pools [positions, kv_heads, dim] (`PagedKVCache.update`). Returns [1, tokens, heads, dim]."""
+    layout = _PASS.get()
+    if layout is None:  # the model outside the engine (`generate` in a benchmark, training): plain attention
+        return _unpaged_attention(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
+    q = query[0].transpose(0, 1)  # [tokens, heads, dim]
+    num_heads, value_dim = q.shape[1], value.shape[-1]
+    if len(layout.groups) == 1 and layout.groups[0].token_index is None:
+        group = layout.groups[0]
+        return _attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group, scaling,
+                       softcap).reshape(1, layout.num_tokens, num_heads, value_dim), None
+    out = q.new_empty(layout.num_tokens, num_heads, value_dim)
+    for group in layout.groups:
+        if group.token_index is None:
+            out.copy_(_attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group, scaling,
+                              softcap).reshape(layout.num_tokens, num_heads, value_dim))
+            continue
+        attended = _attend(q[group.token_index], key, value, group, scaling, softcap)  # [rows, q, heads, dim]
+        out[group.tokens] = attended.reshape(-1, num_heads, value_dim)[group.keep]
+    return out[None], None
+
+
+def _attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup,
+            scaling: float | None, softcap: float | None) -> torch.Tensor:
+    """q: [rows, query_len, heads, dim] -> [rows, query_len, heads, value_dim] over the group's KV."""
+    k = key[group.kv_index].transpose(1, 2)  # [rows, kv_heads, kv_len, dim]
+    v = value[group.kv_index].transpose(1, 2)
+    q = q.transpose(1, 2)  # [rows, heads, query_len, dim]
+    if q.shape[1] != k.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scaling)
+    else:  # soft-capped scores (Gemma 2): SDPA has no cap, so the maths written out
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+        scores = torch.tanh(scores / softcap) * softcap
+        if group.mask is not None:
+            scores = scores.masked_fill(~group.mask, torch.finfo(scores.dtype).min)
+        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    return out.transpose(1, 2)
+
+
+def _unpaged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float, scaling: float | None,
+                       softcap: float | None, **kwargs) -> tuple[torch.Tensor, None]:
+    """SDPA with the bool mask `paged_mask` made (soft-capped maths where the model caps scores)."""
+    if softcap is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    repeat = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def paged_mask(*args, **kwargs) -> torch.Tensor | None:
+    """No mask inside a paged pass (attention builds its own per group); SDPA's outside it."""
+    return None if _PASS.get() is not None else sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(ATTENTION_NAME, paged_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, paged_mask)
