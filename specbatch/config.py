@@ -136,9 +136,15 @@ class ModelsConfig(_Section):
         return self
 
 
+DRAFTER_KINDS = ("draft", "eagle", "ngram", "suffix", "none")
+MODEL_DRAFTERS = ("draft", "eagle")  # drafters that run a model (a draft model, an EAGLE head)
+
+
 class DrafterConfig(_Section):
-    # draft: the bundled pair's best measured drafter, its distilled draft model (README, benchmarks/README.md)
-    kind: Literal["draft", "eagle", "ngram", "suffix", "none"] = "draft"
+    # draft: the bundled pair's best measured drafter, its distilled draft model (README, benchmarks/README.md).
+    # Several (`suffix,ngram`, or a YAML list): the adaptive policy picks one per row and round
+    # (engine/drafter_mix.py, sched/drafter_choice.py); at most one of them runs a model
+    kind: str = "draft"
     ngram_max: int = Field(default=3, ge=1, le=8)
     ngram_min: int = Field(default=1, ge=1, le=8)
     # suffix (engine/suffix_drafter.py): substrings indexed up to this many tokens (nodes <= depth x tokens)
@@ -146,6 +152,35 @@ class DrafterConfig(_Section):
     suffix_max_tokens: int = Field(default=262_144, ge=1)  # the job-wide index forgets the oldest outputs past this
     suffix_min_prob: float = Field(default=0.1, ge=0.0, le=1.0)  # a draft stops before its probability drops below
     suffix_spec_factor: float = Field(default=1.0, gt=0.0)  # draft at most this x the matched suffix's length
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kinds(cls, value: Any) -> str:
+        """One kind, or several (comma-separated or a list) written back as `a,b`; `none` in a mix
+        is dropped (plain decoding is every row's choice anyway)."""
+        if isinstance(value, list | tuple):
+            value = ",".join(str(item) for item in value)
+        if not isinstance(value, str):
+            raise ValueError(f"expected a drafter kind or a list of them, not {type(value).__name__}")
+        kinds = list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+        unknown = [kind for kind in kinds if kind not in DRAFTER_KINDS]
+        if unknown or not kinds:
+            raise ValueError(f"drafter kinds are {', '.join(DRAFTER_KINDS)}, not {value!r}")
+        if len(kinds) > 1:
+            kinds = [kind for kind in kinds if kind != "none"] or ["none"]
+        if sum(kind in MODEL_DRAFTERS for kind in kinds) > 1:
+            raise ValueError(f"at most one drafter that runs a model ({' or '.join(MODEL_DRAFTERS)}), not {value!r}")
+        return ",".join(kinds)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The configured drafters, in order (the first wins ties)."""
+        return tuple(self.kind.split(","))
+
+    @property
+    def model_kind(self) -> str | None:
+        """The configured drafter that runs a model, if any."""
+        return next((kind for kind in self.kinds if kind in MODEL_DRAFTERS), None)
 
 
 class SchedulerConfig(_Section):

@@ -265,7 +265,8 @@ class RoundOutcome:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     warmup_ms: float = 0.0  # capturing graphs before this round's passes (a worker's first round)
-    mask_ms: float = 0.0  # grammar masks of the verify positions (engine/constraints.py), from start to applied
+    mask_ms: float = 0.0  # filling the verify positions' grammar masks, on CPU threads beside the pass
+    mask_wait_ms: float = 0.0  # of the round: waiting for those masks and applying them (what was not hidden)
     num_forced_proposed: int = 0  # drafts the grammar forced (a single continuation)
     num_forced_accepted: int = 0
 

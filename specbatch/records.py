@@ -65,6 +65,13 @@ class RoundRecord:
     plain_ms: float
     predicted_ms: float
     limit_speedup: float
+    # structured output (engine/constraints.py): filling the verify positions' grammar masks (CPU threads,
+    # beside the pass), the round's wait for them and applying them (the part not hidden), and drafts the
+    # grammar forced (a single continuation), proposed / accepted
+    mask_ms: float = 0.0
+    mask_wait_ms: float = 0.0
+    num_forced_proposed: int = 0
+    num_forced_accepted: int = 0
 
     @classmethod
     def of(cls, plan: RoundPlan, outcome: RoundOutcome, num_committed: int, *, worker_id: int, round_index: int,
@@ -98,6 +105,8 @@ class RoundRecord:
             plan_ms=plan.plan_ms, reuse_ms=outcome.reuse_ms, prefill_ms=outcome.prefill_ms, draft_ms=outcome.draft_ms,
             verify_ms=outcome.verify_ms, commit_ms=commit_ms, warmup_ms=outcome.warmup_ms, round_ms=round_ms,
             plain_ms=plan.plain_ms, predicted_ms=plan.predicted_ms, limit_speedup=plan.limit_speedup,
+            mask_ms=outcome.mask_ms, mask_wait_ms=outcome.mask_wait_ms, num_forced_proposed=outcome.num_forced_proposed,
+            num_forced_accepted=outcome.num_forced_accepted,
         )
 
 

@@ -50,14 +50,21 @@ CREATE OR REPLACE VIEW requests AS
 CREATE OR REPLACE VIEW rounds AS
     WITH t AS (
         SELECT NULL::BIGINT AS num_reused_tokens, NULL::BIGINT AS num_padded_prefill_rows,
-               NULL::DOUBLE AS reuse_ms, NULL::DOUBLE AS warmup_ms WHERE false
+               NULL::DOUBLE AS reuse_ms, NULL::DOUBLE AS warmup_ms,
+               NULL::DOUBLE AS plain_ms, NULL::DOUBLE AS predicted_ms, NULL::DOUBLE AS limit_speedup,
+               NULL::DOUBLE AS mask_ms, NULL::DOUBLE AS mask_wait_ms, NULL::BIGINT AS num_forced_proposed, NULL::BIGINT AS num_forced_accepted
+        WHERE false
         UNION ALL BY NAME SELECT * FROM ledger_table('rounds')
     )
     SELECT * FROM t
     WHERE EXISTS (SELECT 1 FROM committed_parts c WHERE c.job_id = t.job_id AND c.part = t.part);
 
 CREATE OR REPLACE VIEW steps AS
-    SELECT * FROM ledger_table('steps') t
+    WITH t AS (
+        SELECT NULL::VARCHAR AS drafter WHERE false
+        UNION ALL BY NAME SELECT * FROM ledger_table('steps')
+    )
+    SELECT * FROM t
     WHERE EXISTS (SELECT 1 FROM committed_parts c WHERE c.job_id = t.job_id AND c.part = t.part);
 
 -- Wall time of a job: the union, over (run, worker), of [first round start, last round end].

@@ -325,6 +325,45 @@ def expected_prefix_cache(jobs: list[Path]) -> list[dict]:
     return out
 
 
+def expected_speculation_limit(jobs: list[Path]) -> list[dict]:
+    out = []
+    for job in jobs:
+        rounds = [r for r in rows(job, "rounds") if r["num_decode_rows"] > 0 and r["plain_ms"] > 0]
+        if not rounds:
+            continue
+        plain = sum(r["plain_ms"] for r in rounds)
+        limit = plain / sum(r["plain_ms"] / r["limit_speedup"] for r in rounds)
+        plain_rate = sum(r["num_decode_rows"] for r in rounds) / plain
+        planned = sum(r["num_committed"] for r in rounds) / sum(r["predicted_ms"] for r in rounds) / plain_rate
+        decode_ms = sum(r["round_ms"] - r["prefill_ms"] - r["reuse_ms"] - r["warmup_ms"] for r in rounds)
+        out.append({"job_id": job.name, "num_rounds": len(rounds), "limit_speedup": limit,
+                    "planned_speedup": planned,
+                    "measured_speedup": sum(r["num_committed"] for r in rounds) / decode_ms / plain_rate,
+                    "realised_of_limit": planned / limit})
+    return out
+
+
+def expected_speculation_by_drafter(jobs: list[Path]) -> list[dict]:
+    out = []
+    for job in jobs:
+        rounds = {(r["run_id"], r["worker_id"], r["round_index"]): r for r in rows(job, "rounds") if r["plain_ms"] > 0}
+        steps = [(s, rounds[s["run_id"], s["worker_id"], s["round_index"]]) for s in rows(job, "steps")
+                 if (s["run_id"], s["worker_id"], s["round_index"]) in rounds]
+        by_drafter = _group(steps, lambda pair: "none" if pair[0]["num_proposed"] == 0 else pair[0]["drafter"])
+        for drafter, pairs in sorted(by_drafter.items()):
+            n = len(pairs)
+            accepted = sum(s["num_accepted"] for s, _ in pairs)
+            rejections = sum(s["num_accepted"] < s["num_proposed"] for s, _ in pairs)
+            ratio = sum(r["predicted_ms"] / r["plain_ms"] for _, r in pairs) / n
+            realised = sum(s["num_committed"] for s, _ in pairs) / n / ratio
+            limit = sum(r["limit_speedup"] for _, r in pairs) / n
+            out.append({"job_id": job.name, "drafter": drafter, "num_steps": n,
+                        "num_proposed": sum(s["num_proposed"] for s, _ in pairs),
+                        "alpha": _ratio(accepted, accepted + rejections), "realised_speedup": realised,
+                        "limit_speedup": limit, "realised_of_limit": realised / limit})
+    return out
+
+
 EXPECTED = {
     "throughput_vs_cost": expected_throughput,
     "latency": expected_latency,
@@ -336,4 +375,6 @@ EXPECTED = {
     "worker_balance": expected_worker_balance,
     "scheduler_overhead": expected_overhead,
     "prefix_cache": expected_prefix_cache,
+    "speculation_limit": expected_speculation_limit,
+    "speculation_by_drafter": expected_speculation_by_drafter,
 }

@@ -54,7 +54,7 @@ EXPECTED_ROUNDS = _schema(
         "kv_tokens_capacity",
     ),
     *_required(_F64, "plan_ms", "reuse_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "warmup_ms",
-               "round_ms"),
+               "round_ms", "plain_ms", "predicted_ms", "limit_speedup"),
 )
 
 EXPECTED_STEPS = _schema(
@@ -62,6 +62,7 @@ EXPECTED_STEPS = _schema(
     *_required(_I64, "worker_id", "round_index"),
     ("emitted_s", _F64, False),
     *_required(_I64, "k", "num_proposed", "num_accepted", "num_committed", "num_output_tokens"),
+    ("drafter", _STR, False),
 )
 
 EXPECTED_REQUESTS = _schema(

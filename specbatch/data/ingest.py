@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from specbatch.storage import input_exists, is_url, open_input
 
-FIELDS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop", "domain")
+FIELDS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop", "domain",
+          "response_format", "json_schema", "regex", "choice", "grammar")  # the last five: data/constraints.py
 FORMATS = ("jsonl", "openai_batch", "parquet", "hf_saved", "hf:<builder>")
 BATCH_ROWS = 4096  # rows per Arrow batch read from Parquet / HF datasets
 MAX_RECORD_BYTES = 10 * 1024 * 1024

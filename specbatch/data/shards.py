@@ -52,6 +52,7 @@ SHARD_SCHEMA = pa.schema(
         pa.field("metadata", pa.string()),  # JSON object of unknown input fields
         pa.field("drop_reason", pa.string()),  # a key of validate.DROP_REASONS; null when valid
         pa.field("drop_message", pa.string()),
+        pa.field("constraint", pa.string()),  # structured output (data/constraints.py), JSON; null: none
     ]
 )
 SHARDS_FOLDER = "shards"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbatch.config import SamplingDefaults
+from specbatch.data.constraints import ConstraintChecker, ConstraintError, parse_constraint
 from specbatch.data.ingest import FIELDS, MAX_RECORD_BYTES, RawRecord
 
 _Split = tuple[dict[str, Any], dict[str, Any]]  # (known fields by our names, unknown fields)
@@ -26,7 +27,8 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _OPENAI_BODY_KEYS = frozenset(
-    {"prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n"}
+    {"prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
+     "response_format"}
 )
 
 DROP_REASONS: dict[str, str] = {
@@ -57,6 +59,7 @@ DROP_REASONS: dict[str, str] = {
     "invalid_body": "an OpenAI batch body that is not an object, or holds the other endpoint's input",
     "unsupported_parameter": "a parameter value specbatch cannot honour (n > 1)",
     "prompt_too_long": "the prompt has more tokens than the model context / KV capacity allows",
+    "invalid_constraint": "response_format / json_schema / regex / choice / grammar is malformed or does not compile",
 }
 
 
@@ -89,6 +92,7 @@ class Request:
     drop_message: str | None = None
     prompt_token_ids: list[int] | None = None
     num_prompt_tokens: int | None = None
+    constraint: str | None = None  # structured output: a `data.constraints.Constraint` as JSON
 
     @property
     def is_dropped(self) -> bool:
@@ -128,6 +132,7 @@ class Validator:
         self.known_sources = frozenset(self.sources.values())
         self.is_identity_map = all(name == source for name, source in self.sources.items())
         self.seen_ids: set[str] = set()
+        self.constraints = ConstraintChecker(tokenizer)  # each distinct constraint compiled once
 
     def __call__(self, raw: RawRecord) -> Request:
         request = Request(request_id="", position=raw.position)
@@ -193,7 +198,17 @@ class Validator:
         request.top_p = _top_p(fields.get("top_p"), defaults.top_p)
         request.seed = _integer(fields.get("seed"), "seed", 0, limits.max_seed, None)
         request.stop = _stops(fields.get("stop"), limits.max_stops)
+        request.constraint = self._constraint(fields)
         request.prompt = self._prompt(fields.get("prompt"), fields.get("messages"))
+
+    def _constraint(self, fields: dict[str, Any]) -> str | None:
+        try:
+            constraint = parse_constraint(fields)
+            if constraint is not None:
+                self.constraints.check(constraint)
+        except ConstraintError as error:
+            raise Drop("invalid_constraint", str(error)) from error
+        return None if constraint is None else constraint.to_json()
 
     def _prompt(self, prompt: Any, messages: Any) -> str:
         if prompt is not None and messages is not None:
@@ -262,6 +277,7 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
         "top_p": body.get("top_p"),
         "seed": body.get("seed"),
         "stop": body.get("stop"),
+        "response_format": body.get("response_format"),
     }
 
 

@@ -40,6 +40,10 @@ class Coupling(Protocol):
     def release(self, row: Row) -> None:
         """Forget a finished row's random state."""
 
+    def constrains(self, row: Row) -> bool:
+        """Whether a grammar masks this row's draws (`engine/constraints.MaskedCoupling`): a drafter
+        then draws its greedy rows through `draft` too, which masks them."""
+
     def draft(self, row: Row, position: int, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """Draft token at output position `position` from draft logits [vocab]; returns it and the
         warped q it was drawn from when the verification needs it (None otherwise)."""
@@ -62,6 +66,9 @@ class RejectionCoupling:
     def release(self, row: Row) -> None:
         self.generators.pop(row.request_id, None)
 
+    def constrains(self, row: Row) -> bool:
+        return False
+
     def draft(self, row: Row, position: int, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         q = warp(logits[None], row.params.temperature, row.params.top_p)[0]
         return sample(q, self.generators[row.request_id]), q
@@ -81,6 +88,9 @@ class GumbelCoupling:
 
     def release(self, row: Row) -> None:
         pass
+
+    def constrains(self, row: Row) -> bool:
+        return False
 
     def draft(self, row: Row, position: int, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         scores = self._log_probs(row, logits[None]) + self.noise(row, position, 1, logits.shape[-1], logits.device)

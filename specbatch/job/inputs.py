@@ -41,7 +41,7 @@ def check_inputs(dataset: str | Path, config: JobConfig, dataset_format: str | N
     """Cheap checks that fail before any work (and not in every worker process of every retry)."""
     resolve_dataset(str(dataset), dataset_format, column_map)
     resolve_model_path(config.models.target)
-    if config.drafter.kind == "draft" and config.models.draft:
+    if config.drafter.model_kind == "draft" and config.models.draft:
         resolve_model_path(config.models.draft)
-    if config.drafter.kind == "eagle" and config.models.eagle:
+    if config.drafter.model_kind == "eagle" and config.models.eagle:
         resolve_model_path(config.models.eagle)

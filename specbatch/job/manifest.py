@@ -131,7 +131,7 @@ def model_fingerprints(config: JobConfig) -> dict[str, str]:
     a path, and other bytes under it (another quantization, a package upgrade) are another model."""
     models = config.models
     named = {"models.target": models.target, "models.tokenizer": models.tokenizer,
-             "models.draft": models.draft if config.drafter.kind == "draft" else None}
+             "models.draft": models.draft if config.drafter.model_kind == "draft" else None}
     return {field: fingerprint(file) for field, name in named.items()
             if name is not None and (file := gguf_file(name)) is not None}
 

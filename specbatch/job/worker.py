@@ -84,6 +84,7 @@ def to_row(request: Request) -> Row:
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens or 0, temperature=request.temperature or 0.0,
         top_p=request.top_p or 1.0, seed=request.seed, stop=tuple(request.stop or ()),
+        constraint=request.constraint,
     )
     row = Row(request.request_id, list(request.prompt_token_ids or []), params, request.domain or "")
     row.metadata = request.metadata

@@ -42,6 +42,8 @@ QUERIES: dict[str, str] = {  # file stem -> title, in report order
     "worker_balance": "Worker balance",
     "scheduler_overhead": "Scheduler overhead",
     "prefix_cache": "Shared prefixes",
+    "speculation_limit": "Speculation against its limit",
+    "speculation_by_drafter": "Speculation per drafter",
 }
 DATA_QUERIES = ("round_timeline", "latency_samples")  # plot inputs, not printed
 _GLOB_CHARS = frozenset("*?[]{},\\")  # sql/views.sql splits job_dir at ',' and globs each path

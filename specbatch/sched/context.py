@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from specbatch.core import RoundPlan, Row
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sched.draft_control import DraftControl
+from specbatch.sched.drafter_choice import DrafterAlphas
 from specbatch.sched.estimates import AcceptanceStats, AlphaTracker, expected_tokens
 from specbatch.sched.roundcost import RoundCostModel
 
@@ -29,14 +30,21 @@ class SchedContext:
     num_decode_plans: int = 0  # plans with decode rows so far
     num_plans: int = 0  # plans made so far: a version for per-round caches
     draft: DraftControl = field(default_factory=DraftControl)  # does this round draft, which row probes
+    # the job's drafters (`drafter.kind`) and those that run a model: several make α per drafter
+    drafter_kinds: tuple[str, ...] = ()
+    model_drafter_kinds: frozenset[str] = frozenset()
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
-        self.alphas = AlphaTracker(self.stats)
+        self.alphas = self.alphas_of(self.stats)
         self.recent_k = self.recent_k or float(self.max_lookahead)  # until rounds say otherwise
 
     def alpha(self, row: Row) -> float:
         return self.alphas.alpha(row)
+
+    def drafts_with_model(self, row: Row) -> bool:
+        """Whether the row's drafts this round cost draft-model work (its rows, passes, lag)."""
+        return self.round_cost.uses_draft_model and self.alphas.uses_model(row)
 
     def typical_k(self, row: Row) -> int:
         """The lookahead a row will likely get: its last k, else what rows get lately."""
@@ -57,6 +65,11 @@ class SchedContext:
             weight = smoothing if self.num_decode_plans else 1.0
             self.recent_k += weight * (mean_k - self.recent_k)
             self.num_decode_plans += 1
+
+    def alphas_of(self, stats: AcceptanceStats) -> AlphaTracker:
+        if len(self.drafter_kinds) < 2:
+            return AlphaTracker(stats)
+        return DrafterAlphas(stats, kinds=self.drafter_kinds, model_kinds=self.model_drafter_kinds)
 
     def observe_finish(self, row: Row) -> None:
         completion_s = self.now_s - row.arrival_s

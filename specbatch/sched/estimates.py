@@ -123,6 +123,15 @@ class AlphaTracker:
     def forget(self, row: Row) -> None:
         self._rows.pop(row.request_id, None)
 
+    def observe_drafts(self, row: Row, num_proposed: int, num_accepted: int) -> None:
+        """A verified round's drafts (the commit step): counted from `accept_history` here; a job of
+        several drafters counts them per drafter (`sched.drafter_choice.DrafterAlphas`)."""
+
+    def uses_model(self, row: Row) -> bool:
+        """Whether the row's drafts come from the job's draft model (where it has one): always, with
+        one drafter."""
+        return True
+
     def _counts(self, row: Row) -> _RowCounts:
         history = row.accept_history
         if not history:  # no entry for rows that never speculated (a million waiting rows stay free)

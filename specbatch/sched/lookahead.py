@@ -20,16 +20,21 @@ from specbatch.sched.roundcost import DecodeShape, draft_lag
 
 @dataclass
 class _Batch:
-    """The per-row inputs of one choice: acceptance, cap, first query position, draft-cache lag."""
+    """The per-row inputs of one choice: acceptance, cap, first query position, draft-cache lag, and
+    whether the row's drafts cost draft-model work (a row drafting by lookup, in a job of several
+    drafters, has no lag and no draft price: `SchedContext.drafts_with_model`)."""
 
     alphas: list[float]
     caps: list[int]
     starts: list[int]
     lags: list[float]
+    models: list[bool] = field(default_factory=list)
     log_alphas: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.log_alphas = [math.log(a) for a in self.alphas]
+        self.models = self.models or [True] * len(self.alphas)
+        self.lags = [lag if model else 0.0 for lag, model in zip(self.lags, self.models, strict=True)]
         self.max_start = max(self.starts, default=0)
         self.expected = [_expected_table(a, cap) for a, cap in zip(self.alphas, self.caps, strict=True)]
 
@@ -43,12 +48,16 @@ class _Batch:
         alphas = [min(max(ctx.alphas.optimistic_alpha(r, explore_z), 1e-6), 1 - 1e-9) for r in rows]
         lags = [1 + (draft_lag(r) - 1) / min(horizon, max(1.0, r.num_new_tokens_left / (1 + alpha)))
                 for r, alpha in zip(rows, alphas, strict=True)]
-        return cls(alphas, list(caps), [r.num_computed for r in rows], lags)
+        return cls(alphas, list(caps), [r.num_computed for r in rows], lags, [ctx.drafts_with_model(r) for r in rows])
 
     def shape(self, ks: list[int]) -> DecodeShape:
-        drafting = [lag for k, lag in zip(ks, self.lags, strict=True) if k > 0]
-        return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting), max(drafting, default=0),
-                           sum(ks))
+        drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
+        return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting),
+                           max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting))
+
+    def price(self, index: int, price: float) -> float:
+        """A draft position's price in tokens for row `index`: none for a row drafting by lookup."""
+        return price if self.models[index] else 0.0
 
     def tokens(self, ks: list[int]) -> float:
         return sum(table[k] for table, k in zip(self.expected, ks, strict=True))
@@ -155,11 +164,12 @@ class AdaptiveLookahead:
         round_cost = self.ctx.round_cost
         price = rate * round_cost.draft_position_ms
         gains = 0.0
-        for table, a, log_a, cap, lag in zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps, batch.lags,
-                                             strict=True):
-            k = _row_k(a, log_a, min(cap, k_max), price, lag)
+        for i, (table, a, log_a, cap, lag) in enumerate(zip(batch.expected, batch.alphas, batch.log_alphas,
+                                                            batch.caps, batch.lags, strict=True)):
+            row_price = batch.price(i, price)
+            k = _row_k(a, log_a, min(cap, k_max), row_price, lag)
             if k:
-                gains += table[k] - 1 - price * (k - 1 + lag)
+                gains += table[k] - 1 - row_price * (k - 1 + lag)
         no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max)
         return len(batch.caps) + gains - rate * round_cost.decode_ms(no_draft_rows)
 
@@ -176,8 +186,9 @@ class AdaptiveLookahead:
             return [math.inf]
         price = plain_rate * round_cost.cost.draft_rows
         viable = {2.0 ** math.ceil(math.log2(lag))
-                  for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags, strict=True)
-                  if _row_k(a, log_a, cap, price, lag) > 0}
+                  for a, log_a, cap, lag, model in zip(batch.alphas, batch.log_alphas, batch.caps, batch.lags,
+                                                       batch.models, strict=True)
+                  if model and _row_k(a, log_a, cap, price, lag) > 0}
         return sorted(viable) or [1.0]
 
     def _solve(self, batch: _Batch, k_max: int, lag_limits: list[float]) -> tuple[float, list[int]]:
@@ -194,8 +205,9 @@ class AdaptiveLookahead:
         rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
         for _ in range(self.num_iterations):
             price = rate * price_per_position  # tokens one more draft position costs the batch
-            new_ks = [_row_k(a, log_a, cap, price, max(shape.max_lag, lag))
-                      for a, log_a, cap, lag in zip(batch.alphas, batch.log_alphas, caps, batch.lags, strict=True)]
+            new_ks = [_row_k(a, log_a, cap, batch.price(i, price), max(shape.max_lag, lag) if batch.models[i] else 0)
+                      for i, (a, log_a, cap, lag) in enumerate(zip(batch.alphas, batch.log_alphas, caps, batch.lags,
+                                                                   strict=True))]
             if new_ks == ks:
                 break
             ks, shape = new_ks, batch.shape(new_ks)

@@ -32,12 +32,16 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specbatch.sched.costmodel import CostModel, nonnegative_lstsq
-from specbatch.sched.estimates import expected_tokens
 from specbatch.sched.roundcost import DecodeShape, RoundCostModel
+
+if TYPE_CHECKING:
+    from specbatch.core import RoundPlan
+    from specbatch.sched.context import SchedContext
 
 CACHE_ENV = "SPECBATCH_CACHE_DIR"
 
@@ -151,15 +155,33 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     model_rows = model_rows if model_rows is not None else [True] * num_rows
     plain_ms = round_cost.decode_ms(DecodeShape(num_rows, max_start))
     best, best_k = 1.0, 0
+    powers, tokens = [1.0] * num_rows, float(num_rows)  # α_i^K, Σ_i E(α_i, min(K, cap_i))
+    num_model, sum_model = 0, 0  # rows drafting with a model at K, and their drafts
     for k_max in range(1, max(caps) + 1):
-        ks = [min(k_max, cap) for cap in caps]
-        drafting = [k for k, model in zip(ks, model_rows, strict=True) if model and k > 0]
-        shape = DecodeShape(num_rows, max_start, max(ks), len(drafting), 1 if drafting else 0, sum(drafting))
-        tokens = sum(expected_tokens(a, k) for a, k in zip(alphas, ks, strict=True)) / num_rows
-        speedup = tokens * plain_ms / round_cost.decode_ms(shape)
+        for i, (alpha, cap) in enumerate(zip(alphas, caps, strict=True)):
+            if cap >= k_max:
+                powers[i] *= alpha
+                tokens += powers[i]
+                if model_rows[i]:
+                    num_model, sum_model = num_model + (k_max == 1), sum_model + 1
+        shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model)
+        speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
         if speedup > best:
             best, best_k = speedup, k_max
     return best, best_k
+
+
+def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
+    """Write on the plan what the model says of its decode rows (`caps`: theirs): their time at k = 0,
+    at the planned ks, and the limit their measured α (not its optimistic bound) allowed."""
+    if not plan.decode:
+        return
+    rows = [row for row, _ in plan.decode]
+    round_cost, max_start = ctx.round_cost, max(row.num_computed for row in rows)
+    plan.plain_ms = round_cost.decode_ms(DecodeShape(len(rows), max_start))
+    plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode]))
+    plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, max_start,
+                                          [ctx.drafts_with_model(row) for row in rows])
 
 
 def no_alpha_pays(round_cost: RoundCostModel, num_rows: int, max_start: int, max_k: int,
