@@ -114,15 +114,24 @@ class GrammarRuntime:
 
     # drafting ----------------------------------------------------------------------------------
     def draft_mask(self, row: Row, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [vocab] masked at the row's speculative state (its drafts so far this round)."""
+        """Draft logits [vocab] masked at the row's speculative state (its drafts so far this round).
+        Where the drafter gives every allowed token -inf (an EAGLE head's reduced vocabulary may lack
+        them), the allowed tokens get equal logits: whatever law it draws from, q is that law."""
         state = self.rows[row.request_id]
         bitmask = llguidance.torch.allocate_token_bitmask(1, self.vocab_size)
         llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, 0)
-        return apply_bitmask(logits[None], bitmask.to(logits.device))[0]
+        self._allow_eos_after_stop(bitmask[None])
+        bitmask = bitmask.to(logits.device)
+        masked = apply_bitmask(logits[None], bitmask)[0]
+        if bool(torch.isneginf(masked).all()):
+            masked = apply_bitmask(torch.zeros_like(logits)[None], bitmask)[0]
+        return masked
 
     def consume_draft(self, row: Row, token: int) -> None:
+        """Advance the row's speculative state by a draft (one outside the grammar is not consumed:
+        `cut` removes it and what follows)."""
         state = self.rows[row.request_id]
-        if not state.matcher.is_stopped() and state.matcher.consume_token(token):
+        if not state.matcher.is_stopped() and state.matcher.try_consume_tokens([token]) == 1:
             state.num_speculative += 1
 
     def forced_tokens(self, row: Row, k: int) -> list[int]:
@@ -172,10 +181,10 @@ class GrammarRuntime:
         if plain:
             llguidance.torch.fill_next_token_bitmask_par(self.executor, plain, bitmask)
         bitmask = bitmask.view(len(work), num_positions, -1)
-        self._allow_eos_after_stop(work, bitmask)
+        self._allow_eos_after_stop(bitmask)
         return bitmask, ms_since(started)
 
-    def _allow_eos_after_stop(self, work: list[tuple[Any, list[int]]], bitmask: torch.Tensor) -> None:
+    def _allow_eos_after_stop(self, bitmask: torch.Tensor) -> None:
         """A position after the grammar stopped (past an accepted EOS) has no allowed token; its
         token is discarded by the stop rule, so it gets EOS rather than an empty (NaN) law."""
         empty = (bitmask == 0).all(dim=-1)  # [rows, positions]
