@@ -25,10 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from specbatch.fences import fenced, latest_fence
 from specbatch.records import RequestRecord, ResultRecord, RoundRecord, StepRecord, arrow_schema
-from specbatch.storage import TMP_SUFFIX, Location, Storage, open_storage
+from specbatch.storage import TMP_SUFFIX, Location, StaleWriteError, Storage, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -250,17 +251,40 @@ def part_order(name: str) -> tuple[int, str, int]:
         return -1, name, -1  # not a part name: first, by name
 
 
-def retire_cancelled_results(job_dir: Location | Storage, capacity_drops: bool = False) -> int:
+def remove_fenced_out_parts(job_dir: Location | Storage) -> list[str]:
+    """Delete the files of parts that the newest fence does not let count (a stale lease holder's,
+    `specbatch.fences`), results first; returns the part names. A part fenced out stays fenced out
+    under every later fence, so this is safe at any time; it keeps `JOB/results/*.parquet` (what the
+    duckdb command line reads) to the committed set."""
+    storage = _storage(job_dir)
+    fence = latest_fence(storage)
+    if fence is None:
+        return []
+    names = [name[: -len(PART_SUFFIX)] for name in storage.names("results", PART_SUFFIX)]
+    stale = sorted(set(names) - set(fenced(names, fence)), key=part_order)
+    for name in stale:
+        for table in reversed(TABLES):  # results first: a reader never sees half of it as committed
+            storage.delete(part_key(table, name))
+    if stale:
+        log.warning("removed %d parts of a superseded lease holder from %s: %s", len(stale), storage.location, stale)
+    return stale
+
+
+def retire_cancelled_results(job_dir: Location | Storage, capacity_drops: bool = False,
+                             conditional: bool = False) -> int:
     """Remove `cancelled` rows (with `capacity_drops`, also rows dropped for one of `RERUN_DROP_REASONS`)
     from committed results parts so a resumed job runs them again.
 
     Each affected results file is rewritten atomically; its rounds/steps/requests rows stay (the
-    cancelled attempt's work really was done). Returns the number of rows retired.
+    cancelled attempt's work really was done). With `conditional` (an object-store lease holder), each
+    rewrite is conditional on the version read (`StaleWriteError` if another runner rewrote it since).
+    Returns the number of rows retired.
     """
     retired = 0
     storage = _storage(job_dir)
     for name in committed_parts(storage):
         key = part_key("results", name)
+        version = storage.version(key) if conditional else None
         table = read_part(storage, key, schema=RESULTS_SCHEMA)
         if table is None:
             continue
@@ -271,5 +295,14 @@ def retire_cancelled_results(job_dir: Location | Storage, capacity_drops: bool =
         kept = table.filter(pc.invert(retire))
         if kept.num_rows < table.num_rows:
             retired += table.num_rows - kept.num_rows
-            storage.write_parquet(key, kept, durable=True)
+            if not conditional:
+                storage.write_parquet(key, kept, durable=True)
+            elif not storage.write_if(key, _parquet_bytes(kept), version):
+                raise StaleWriteError(f"{storage.url(key)} was rewritten by another runner")
     return retired
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()

@@ -72,6 +72,10 @@ def input_exists(location: Location) -> bool:
     return bool(fs.exists(path))
 
 
+class StaleWriteError(RuntimeError):
+    """A conditional write found its object changed since it was read: another runner wrote it."""
+
+
 class LinkInJobError(OSError):
     """A symbolic link inside a local job folder: nothing a job writes or deletes may follow one out."""
 
@@ -94,14 +98,22 @@ def links_in(root: Path, folders: Iterable[str]) -> list[Path]:
 
 
 def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
-    """`os.open` that refuses a symbolic link at `path` with `LinkInJobError` (O_NOFOLLOW)."""
+    """`os.open` that refuses a link at `path` with `LinkInJobError`: a symbolic link (O_NOFOLLOW),
+    or a hard link (a file with more than one name, checked on the open descriptor before anything
+    is written), whose other name may be any file of the user's outside the job."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW, mode)
     except OSError as error:
         if path.is_symlink():
             raise LinkInJobError(f"{path} is a symbolic link; a job folder must not contain links "
                                  "(remove it and run again)") from error
         raise
+    num_links = os.fstat(fd).st_nlink
+    if num_links > 1:
+        os.close(fd)
+        raise LinkInJobError(f"{path} is a hard link ({num_links} names for one file); a job folder must not "
+                             "contain links (remove it and run again)")
+    return fd
 
 
 class Storage:
@@ -135,6 +147,15 @@ class Storage:
     def read_tail(self, key: str, num_bytes: int) -> bytes | None:
         """The last `num_bytes` of a file where that costs a seek (a local disk); None elsewhere."""
         return None
+
+    def version(self, key: str) -> str | None:
+        """An opaque tag that changes whenever `key` is written (an object's ETag); None if it is absent."""
+        raise NotImplementedError
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> bool:
+        """Write `key` whole only if its version is still `version` (None: only if it is still absent);
+        False, writing nothing, if another writer changed it since that version was read."""
+        raise NotImplementedError
 
     def move(self, key: str, new_key: str) -> None:
         """Move `key` to `new_key` (a rename on a disk, a copy and a delete on an object store)."""
@@ -216,6 +237,20 @@ class LocalStorage(Storage):
         with open(self._path(key), "rb") as file:
             file.seek(max(0, os.fstat(file.fileno()).st_size - num_bytes))
             return file.read(num_bytes)
+
+    def version(self, key: str) -> str | None:
+        try:
+            stat = os.stat(self._path(key), follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return f"{stat.st_ino}-{stat.st_size}-{stat.st_mtime_ns}"
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> bool:
+        """Compared, then written: one runner holds a local job (its flock), so nothing writes between."""
+        if self.version(key) != version:
+            return False
+        self.write_bytes(key, data)
+        return True
 
     def move(self, key: str, new_key: str) -> None:
         target = self._path(new_key)
@@ -313,6 +348,38 @@ class ObjectStorage(Storage):
     def read_bytes(self, key: str) -> bytes:
         return bytes(self.fs.cat_file(self._path(key)))
 
+    def version(self, key: str) -> str | None:
+        self.fs.invalidate_cache(self._path(key))
+        try:
+            info = self.fs.info(self._path(key))
+        except FileNotFoundError:
+            return None
+        tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("md5Hash")
+        changed = info.get("LastModified") or info.get("mtime") or info.get("created")
+        return str(tag) if tag else f"{info.get('size')}-{changed}"
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> bool:
+        """On S3 one conditional PUT (`If-Match: ETAG`, or `If-None-Match: *` for an absent key), so a
+        writer that lost a race never replaces the winner's object. A file system without conditional
+        PUTs is compared, then written (a race between the two remains there)."""
+        if version is None:
+            return self.create(key, data)
+        if _protocols(self.fs) & {"s3", "s3a"}:
+            try:
+                # one PUT up to S3's 5 GB limit (a multipart upload would not carry the condition)
+                self.fs.pipe_file(self._path(key), data, chunksize=max(50 << 20, len(data)), IfMatch=version)
+            except OSError as error:
+                if _is_precondition_failure(error):
+                    return False
+                raise
+            finally:
+                self.fs.invalidate_cache(self._path(key))
+            return True
+        if self.version(key) != version:
+            return False
+        self.write_bytes(key, data)
+        return True
+
     def move(self, key: str, new_key: str) -> None:
         self.fs.copy(self._path(key), self._path(new_key))
         self.delete(key)
@@ -351,6 +418,19 @@ class ObjectStorage(Storage):
         path = Path(tempfile.gettempdir()) / "specbatch" / safe
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def _protocols(fs: Any) -> set[str]:
+    protocol = fs.protocol
+    return set(protocol) if isinstance(protocol, (tuple, list)) else {protocol}
+
+
+def _is_precondition_failure(error: OSError) -> bool:
+    """s3fs raises a failed `If-Match` as an `OSError` (EINVAL) whose cause is botocore's 412."""
+    cause = error.__cause__
+    response = getattr(cause, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    return code in ("PreconditionFailed", "412") or "PreconditionFailed" in str(error) or "412" in str(cause)
 
 
 def _url_to_fs(url: str) -> tuple[Any, str]:

@@ -15,7 +15,7 @@ from test_ledger import _request, _result, _round, _step
 
 from specbatch import ledger
 from specbatch.job.inputs import JobError
-from specbatch.job.lock import job_lock
+from specbatch.job.lock import check_not_running, job_lock
 from specbatch.job.manifest import append_part, manifest_lock
 from specbatch.quarantine import damaged_parts, quarantine_damaged_parts
 from specbatch.storage import LinkInJobError, open_storage
@@ -36,6 +36,36 @@ def test_a_job_directory_with_a_link_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(JobError, match=f"contains symbolic links \\({planted} -> "), job_lock(job_dir):
         pass
     assert victim.read_text() == "keep me" and sorted(p.name for p in victim.parent.iterdir()) == ["precious.txt"]
+
+
+@pytest.mark.parametrize("planted", [".job.lock", "manifest.parts.log"])
+def test_a_hard_link_planted_in_a_job_directory_is_never_written_through(tmp_path, planted):
+    """The files a run writes in place (its lock's holder line, the parts journal) refuse a second name:
+    a hard link to any file of the user's would be truncated and overwritten."""
+    victim, job_dir = _victim(tmp_path), tmp_path / "jobs" / "j"
+    job_dir.mkdir(parents=True)
+    os.link(victim, job_dir / planted)
+    with pytest.raises((JobError, LinkInJobError), match=f"{planted} is a hard link"):
+        if planted == ".job.lock":
+            with job_lock(job_dir):
+                pass
+        else:
+            append_part(job_dir, "part-w00-r-00000")
+    assert victim.read_text() == "keep me"
+
+
+def test_a_job_directory_that_is_a_link_is_refused(tmp_path):
+    """A linked job directory would put the whole job in the link's target: refused, nothing written there."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "jobs").mkdir()
+    job_dir = tmp_path / "jobs" / "j"
+    os.symlink(target, job_dir)
+    with pytest.raises(JobError, match=f"job directory {job_dir} is a symbolic link"), job_lock(job_dir):
+        pass
+    with pytest.raises(JobError, match="is a symbolic link"):
+        check_not_running(job_dir)  # what `submit` checks before Prefect starts
+    assert list(target.iterdir()) == []
 
 
 def test_local_storage_never_writes_or_deletes_through_a_link(tmp_path):

@@ -63,3 +63,11 @@ def test_a_stop_with_nothing_cancelled_leaves_the_job_cancelled_and_a_failed_fin
     except RuntimeError:
         flow._write_error_log(str(job_dir))
     assert load_manifest(job_dir).status == "failed" and "finalize failed" in (job_dir / "error.log").read_text()
+
+
+def test_a_stop_after_the_last_request_ends_completed_as_the_manifest_says_done():
+    """A stop that comes after the worker group finished every request: finalize records `done`, so the
+    run ends Completed (exit 0), not Cancelled with a "run it again" message."""
+    outcome = {"stopped": True, "is_complete": True, "num_cancelled": 0}
+    assert flow._final_state(outcome, "j") is outcome
+    assert flow._final_state({**outcome, "is_complete": False}, "j").is_cancelled()

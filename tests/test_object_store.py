@@ -5,7 +5,6 @@ through the CLI, `status` and `report` over `s3://`, and a second submit of a ru
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -244,10 +243,12 @@ def test_a_stalled_lease_holder_never_makes_a_part_visible_after_a_takeover(buck
 def test_stalled_worker_commits_nothing_twice(bucket, tiny_pair, tmp_path, monkeypatch, race):
     """A holder stalls after its first part; a second submit takes the job over and its worker runs to
     the end; then the first wakes up. It stops at its next commit check, or, racing past the check, its
-    later parts are fenced out: every reader sees each request once."""
+    later parts are fenced out: every reader sees each request once, and the first run, finding its
+    lease lost, removes its fenced-out parts from results/ (which the duckdb command line reads whole)."""
     from specbatch.config import load_config
     from specbatch.engine.build import load_models
     from specbatch.job import worker
+    from specbatch.job.flow import UNUSABLE_INPUT, LocalHooks, local_hooks, run_workers
     from specbatch.job.prepare import prepare
 
     target, draft, _ = tiny_pair
@@ -270,13 +271,90 @@ def test_stalled_worker_commits_nothing_twice(bucket, tiny_pair, tmp_path, monke
             patch.setattr(worker, "check_epoch", check_epoch_as_written)
             worker.run_worker(job_dir, config, run_id=epoch_run_id(epoch_b, "b"), models=load_models(config))
 
-    with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_a:
-        run_a = functools.partial(worker.run_worker, job_dir, config, run_id=epoch_run_id(epoch_a, "a"),
-                                  models=load_models(config), on_round=stall_then_take_over)
-        if race:  # every check of the stalled holder passes, as if each ran just before the takeover
+    with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_a, local_hooks(LocalHooks(on_round=stall_then_take_over)):
+        if race:  # every commit check of the stalled holder passes, as if each ran just before the takeover
             monkeypatch.setattr(worker, "check_epoch", lambda *_: None)
-            run_a()
-        else:
-            with pytest.raises(LeaseLostError):
-                run_a()
+        state = run_workers.fn(job_dir, epoch_a)  # the worker stage of the flow, as `submit` runs it
+    assert state.name == UNUSABLE_INPUT and "taken over" in state.message, state
     assert takeovers and _readers_see(job_dir) == [[f"r{i:02d}" for i in range(10)]] * 4
+    committed = ledger.committed_parts(job_dir)
+    assert [name[: -len(ledger.PART_SUFFIX)] for name in storage.names("results")] == sorted(committed)
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["checked", "raced"])
+def test_stale_finalize_writes_nothing(bucket, tiny_pair, tmp_path, monkeypatch, race):
+    """Runner A is stopped with requests in flight (cancelled) and stalls inside finalize, its view of the
+    results read; B takes the job over, runs it to the end and finalizes; then A wakes up. A writes
+    nothing more: it stops at its epoch check, or, racing past every check, its conditional writes are
+    refused. results.jsonl and the manifest stay B's: every request completed, the job done."""
+    from specbatch.config import load_config
+    from specbatch.job import finalize as finalize_module
+    from specbatch.job.flow import LocalHooks, finalize_job, local_hooks, run_workers
+    from specbatch.job.manifest import load_manifest
+    from specbatch.job.prepare import prepare
+
+    target, draft, _ = tiny_pair
+    ids = [f"r{i:02d}" for i in range(8)]
+    dataset = write_jsonl(tmp_path / "prompts.jsonl",
+                          [{"id": i, "prompt": PROMPTS[n % 4], "max_new_tokens": 4} for n, i in enumerate(ids)])
+    config = load_config(None, [f"models.target={target}", f"models.draft={draft}", "drafter.kind=draft",
+                                "io.part_every_requests=2", "scheduler.max_batch_rows=2", "workers.lease_s=600"])
+    job_dir = f"{bucket}/jobs/stalled-finalize"
+    storage, summarize, takeovers = open_storage(job_dir), finalize_module.summarize, []
+
+    def take_over() -> None:
+        _expire(storage)
+        with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_b:  # a second submit: the whole flow
+            prepare(str(dataset), job_dir, config)
+            finalize_job.fn(job_dir, run_workers.fn(job_dir, epoch_b), epoch_b)
+
+    def stall_after_reading(job: str):
+        summary = summarize(job)
+        if not takeovers:
+            takeovers.append(summary)
+            take_over()
+        return summary
+
+    hooks = LocalHooks()
+    hooks.on_round = lambda progress: hooks.stop_requested.set() if ledger.committed_parts(storage) else None
+    with job_lock(job_dir, wait_s=0, lease_s=600) as epoch_a:
+        prepare(str(dataset), job_dir, config)
+        with local_hooks(hooks):
+            workers = run_workers.fn(job_dir, epoch_a)
+        assert workers["stopped"]
+        monkeypatch.setattr(finalize_module, "summarize", stall_after_reading)
+        if race:  # every epoch check of the stalled runner passes, as if each ran just before the takeover
+            monkeypatch.setattr(finalize_module, "check_epoch", lambda *_: None)
+        with pytest.raises(LeaseLostError):
+            finalize_job.fn(job_dir, workers, epoch_a)
+    assert takeovers and takeovers[0].num_cancelled > 0  # A's stale view
+    exported = [json.loads(line) for line in storage.read_text("results.jsonl").splitlines()]
+    assert sorted(row["request_id"] for row in exported) == ids and {row["status"] for row in exported} == {"completed"}
+    manifest = load_manifest(job_dir)
+    assert manifest.status == "done" and manifest.counters["num_completed"] == len(ids)
+    assert manifest.lease_epoch == epoch_a + 1
+
+
+def test_a_manifest_is_never_written_by_an_older_lease_holder(bucket, tmp_path):
+    """The manifest carries the epoch of its last writer; a save by an older one is refused, and a save
+    that loses a race with another writer loads the manifest again."""
+    from specbatch.config import JobConfig
+    from specbatch.job.manifest import load_manifest, new_manifest, save_manifest, update_manifest
+
+    job_dir = f"{bucket}/jobs/manifest-epochs"
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}])
+    save_manifest(job_dir, new_manifest("manifest-epochs", dataset, "jsonl", JobConfig()))
+    assert update_manifest(job_dir, lambda m: setattr(m, "status", "running"), epoch=3).lease_epoch == 3
+    with pytest.raises(LeaseLostError, match="lease 3 while this run \\(lease 2\\)"):
+        update_manifest(job_dir, lambda m: setattr(m, "status", "cancelled"), epoch=2)
+    racing = []
+
+    def change(manifest) -> None:  # another writer saves between this one's load and its save
+        if not racing:
+            racing.append(True)
+            update_manifest(job_dir, lambda m: setattr(m, "counters", {"num_completed": 1}), epoch=4)
+        manifest.status = "done"
+
+    update_manifest(job_dir, change, epoch=4)
+    manifest = load_manifest(job_dir)
+    assert (manifest.status, manifest.counters, manifest.lease_epoch) == ("done", {"num_completed": 1}, 4)

@@ -1,19 +1,31 @@
 """The last step of a job: its summary from the committed results, the exported results files
-(results.jsonl, and openai_output.jsonl for OpenAI batch input), and its status in the manifest."""
+(results.jsonl, and openai_output.jsonl for OpenAI batch input), and its status in the manifest.
+
+On an object store a runner can stall inside finalize past its lease, and wake up after another runner
+took the job over and finished it; its view of the results is then stale. So every file finalize
+writes there is fenced by the runner's epoch (its lease number), not only checked once: the exports
+are conditional PUTs on the versions they had before anything was read (another runner's export in
+between makes them fail), retired results parts likewise, and the manifest refuses a writer older than
+its last one (`update_manifest`). A runner whose write is refused stops with `LeaseLostError`.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from specbatch.data.shards import SHARDS_FOLDER, read_shard
+from specbatch.job.lock import LeaseLostError, check_epoch
 from specbatch.job.manifest import JobStatus, Manifest, load_manifest, update_manifest
 from specbatch.job.openai_output import output_line
-from specbatch.ledger import read_table, retire_cancelled_results
-from specbatch.storage import Location, location_name, open_storage
+from specbatch.ledger import read_table, remove_fenced_out_parts, retire_cancelled_results
+from specbatch.storage import Location, StaleWriteError, Storage, location_name, open_storage
 
 DONE_STATUSES = ("completed", "dropped")  # a request with such a result never runs again; cancelled ones do
+RESULTS_JSONL, OPENAI_OUTPUT = "results.jsonl", "openai_output.jsonl"
+EXPORTS = (RESULTS_JSONL, OPENAI_OUTPUT)
 
 
 @dataclass(frozen=True)
@@ -52,17 +64,28 @@ def summarize(job_dir: Location) -> JobSummary:
                       counts["cancelled"], sum(r["num_output_tokens"] or 0 for r in results), reasons)
 
 
-def finalize(job_dir: Location, stopped: bool = False) -> JobSummary:
+def finalize(job_dir: Location, stopped: bool = False, epoch: int = 0) -> JobSummary:
     """Export results.jsonl (and an OpenAI batch output file) and record the job's status: `done`
     when complete, `cancelled` when `stopped` (even before any row was cancelled) or rows ended
-    cancelled, else `running` (what is left runs on resume)."""
+    cancelled, else `running` (what is left runs on resume). `epoch`: the runner's lease number on an
+    object store (0: unfenced); a stale runner's writes are refused with `LeaseLostError`."""
+    storage = open_storage(job_dir)
+    versions = {name: storage.version(name) for name in EXPORTS}  # before any read: see the module doc
+    check_epoch(job_dir, epoch)
     summary = summarize(job_dir)
     manifest = load_manifest(job_dir)
-    if summary.is_complete:  # every cancelled row left ran again since; keep them out of the exports
-        retire_cancelled_results(job_dir)
-    export_results_jsonl(job_dir)
-    if manifest.dataset.format == "openai_batch":
-        export_openai_output(job_dir)
+    try:
+        check_epoch(job_dir, epoch)  # again: reading the results takes time
+        if summary.is_complete:  # every cancelled row left ran again since; keep them out of the exports
+            retire_cancelled_results(job_dir, conditional=bool(epoch))
+        if epoch:  # this holder's run is over: parts no fence lets count leave results/
+            remove_fenced_out_parts(storage)
+        export_results_jsonl(job_dir, versions[RESULTS_JSONL])
+        if manifest.dataset.format == "openai_batch":
+            export_openai_output(job_dir, versions[OPENAI_OUTPUT])
+    except StaleWriteError as error:  # only another runner writes these: this one lost the job
+        raise LeaseLostError(f"{error}; this run (lease {epoch}) stops without writing more, the other run "
+                             "owns the job now") from None
     status: JobStatus = "done" if summary.is_complete else (
         "cancelled" if stopped or summary.num_cancelled else "running")
 
@@ -71,37 +94,50 @@ def finalize(job_dir: Location, stopped: bool = False) -> JobSummary:
         m.counters = {"num_completed": summary.num_completed, "num_dropped": summary.num_dropped,
                       "num_cancelled": summary.num_cancelled, "num_output_tokens": summary.num_output_tokens}
 
-    update_manifest(job_dir, change)
+    update_manifest(job_dir, change, epoch)
     return summary
 
 
-def mark_failed(job_dir: Location) -> None:
+def mark_failed(job_dir: Location, epoch: int = 0) -> None:
     """Record that a run of the job failed (its error is in error.log); a resume runs it again."""
 
     def change(m: Manifest) -> None:
         m.status = "failed"
 
-    update_manifest(job_dir, change)
+    update_manifest(job_dir, change, epoch)
 
 
-def export_results_jsonl(job_dir: Location) -> str:
-    """JOB/results.jsonl, written whole, in dataset order; returns its path or URL."""
+def export_results_jsonl(job_dir: Location, version: str | None | Literal["any"] = "any") -> str:
+    """JOB/results.jsonl, written whole, in dataset order; returns its path or URL. With `version`,
+    only over that version of the file (`StaleWriteError` otherwise)."""
     storage = open_storage(job_dir)
-    with storage.open_write("results.jsonl") as out:
-        for row in _in_dataset_order(job_dir, read_table(storage, "results").to_pylist()):
-            out.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
-    return storage.url("results.jsonl")
+    rows = _in_dataset_order(job_dir, read_table(storage, "results").to_pylist())
+    lines = (json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    _write_export(storage, RESULTS_JSONL, lines, version)
+    return storage.url(RESULTS_JSONL)
 
 
-def export_openai_output(job_dir: Location) -> str:
+def export_openai_output(job_dir: Location, version: str | None | Literal["any"] = "any") -> str:
     """The OpenAI batch *output* format: one line per input line, by custom_id, in input order."""
     storage = open_storage(job_dir)
     endpoints = _shard_column(job_dir, "endpoint")
-    with storage.open_write("openai_output.jsonl") as out:
-        rows = _in_dataset_order(job_dir, read_table(storage, "results").to_pylist())
-        for index, row in enumerate(rows):
-            out.write((json.dumps(output_line(row, endpoints.get(row["request_id"]), index)) + "\n").encode())
-    return storage.url("openai_output.jsonl")
+    rows = _in_dataset_order(job_dir, read_table(storage, "results").to_pylist())
+    lines = (json.dumps(output_line(row, endpoints.get(row["request_id"]), index)) + "\n"
+             for index, row in enumerate(rows))
+    _write_export(storage, OPENAI_OUTPUT, lines, version)
+    return storage.url(OPENAI_OUTPUT)
+
+
+def _write_export(storage: Storage, key: str, lines: Iterable[str], version: str | None | Literal["any"]) -> None:
+    """Streamed whole where no version is asked for (a local job: its flock keeps one writer);
+    else one conditional write."""
+    if version == "any" or storage.is_local:
+        with storage.open_write(key) as out:
+            for line in lines:
+                out.write(line.encode())
+        return
+    if not storage.write_if(key, "".join(lines).encode(), version):
+        raise StaleWriteError(f"{storage.url(key)} was written by another runner while this one finalized")
 
 
 def _in_dataset_order(job_dir: Location, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ from specbatch.job.manifest import ManifestError, load_manifest
 from specbatch.job.prefect_local import TEMPORARY_SERVER_ENV
 from specbatch.job.prepare import prepare
 from specbatch.job.worker import WorkerProgress, mark_group_shards, run_worker
-from specbatch.ledger import committed_request_ids, retire_cancelled_results
+from specbatch.ledger import committed_request_ids, remove_fenced_out_parts, retire_cancelled_results
 from specbatch.quarantine import quarantine_damaged_parts
 from specbatch.storage import is_url, join, location_name, open_storage
 
@@ -85,12 +85,13 @@ def _not_unusable(task, task_run, state: State) -> bool:
 
 @task(name="ingest-and-shard", cache_policy=NO_CACHE)
 def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: bool = False,
-                     dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> dict | State:
+                     dataset_format: str | None = None, column_map: dict[str, str] | None = None,
+                     epoch: int = 0) -> dict | State:
     """Create or resume the job directory; check the model paths before any work."""
     job_config = JobConfig.model_validate(config)
     try:
         check_inputs(dataset, job_config, dataset_format, column_map)
-        manifest = prepare(dataset, job_dir, job_config, force, dataset_format, column_map)
+        manifest = prepare(dataset, job_dir, job_config, force, dataset_format, column_map, epoch)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     _logger().info("job %s: %d records in %d shards (%s)", manifest.job_id, manifest.dataset.num_records,
@@ -108,14 +109,16 @@ def run_workers(job_dir: str, epoch: int = 0) -> dict | State:
     try:
         check_epoch(job_dir, epoch)
     except LeaseLostError as error:
-        return Failed(name=UNUSABLE_INPUT, message=str(error))
+        return _lease_lost(job_dir, error)
     config = JobConfig.model_validate(load_manifest(path).config)
     local = _local_hooks.get() is not None
     hooks = _local_hooks.get() or LocalHooks()
     attempt = _attempt()
     quarantine_damaged_parts(path)  # their requests run again
+    if epoch:
+        remove_fenced_out_parts(path)  # a superseded holder's, uploaded after this run's fence
     # a stopped or crashed attempt's cancelled rows run again, and requests a run's KV capacity dropped
-    retired = retire_cancelled_results(path, capacity_drops=True)
+    retired = retire_cancelled_results(path, capacity_drops=True, conditional=bool(epoch))
     if retired:
         _logger().info("%d cancelled or capacity-dropped requests will run again", retired)
     run_id = epoch_run_id(epoch, f"{time.strftime('%Y%m%dT%H%M%S')}-a{attempt}")
@@ -127,13 +130,15 @@ def run_workers(job_dir: str, epoch: int = 0) -> dict | State:
                 result = _run_pool(job_dir, config, hooks, epoch)
             else:
                 result = _run_local(path, config, run_id, hooks, epoch)
+    except LeaseLostError as error:
+        return _lease_lost(job_dir, error)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     except Exception as error:
         try:
             check_epoch(job_dir, epoch)  # a worker that found its lease lost: no retry
         except LeaseLostError as lost:
-            return Failed(name=UNUSABLE_INPUT, message=str(lost))
+            return _lease_lost(job_dir, lost)
         if hooks.on_notice is not None and attempt <= WORKER_RETRIES:
             first_line = str(error).splitlines()[0] if str(error) else repr(error)
             hooks.on_notice(f"attempt {attempt} of the worker group failed ({first_line}); retrying, "
@@ -145,6 +150,16 @@ def run_workers(job_dir: str, epoch: int = 0) -> dict | State:
                    "; stopped" if result.stopped else "")
     return {"launcher": result.launcher, "num_processes": result.num_processes, "stopped": result.stopped,
             "run_id": run_id, **asdict(result.progress)}
+
+
+def _lease_lost(job_dir: str, error: LeaseLostError) -> State:
+    """End a run whose lease was taken over, first deleting its parts that no fence counts (they would
+    linger in results/, where the duckdb command line reads every file)."""
+    try:
+        remove_fenced_out_parts(job_dir)
+    except Exception:  # the new holder's runs remove them too
+        logging.getLogger(__name__).warning("could not remove fenced-out parts of %s", job_dir, exc_info=True)
+    return Failed(name=UNUSABLE_INPUT, message=str(error))
 
 
 def _run_pool(job_dir: str, config: JobConfig, hooks: LocalHooks, epoch: int) -> LaunchResult:
@@ -173,7 +188,7 @@ def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: Local
     write a manifest there)."""
     num = config.workers.num_processes
     if is_url(job_dir):
-        mark_group_shards(job_dir, num, "running")
+        mark_group_shards(job_dir, num, "running", epoch)
     if choose_launcher(num) == "in-process":
         progress = run_worker(job_dir, config, run_id=run_id, stop_requested=hooks.stop_requested,
                               on_round=hooks.on_round)
@@ -182,7 +197,7 @@ def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: Local
         result = launch_workers(job_dir, config, run_id, hooks.stop_requested, hooks.on_round)
     if is_url(job_dir) and not result.stopped:
         check_epoch(job_dir, epoch)
-        mark_group_shards(job_dir, num, "done")
+        mark_group_shards(job_dir, num, "done", epoch)
     return result
 
 
@@ -190,8 +205,7 @@ def _run_local(job_dir: str | Path, config: JobConfig, run_id: str, hooks: Local
 def finalize_job(job_dir: str, workers: dict | None = None, epoch: int = 0) -> dict:
     """Export results, record the job's status, and publish a markdown summary artifact (not after the
     job's lease was lost: the new holder finalizes)."""
-    check_epoch(job_dir, epoch)
-    summary = finalize(job_dir, stopped=bool((workers or {}).get("stopped")))
+    summary = finalize(job_dir, stopped=bool((workers or {}).get("stopped")), epoch=epoch)
     outcome = {**(workers or {}), **summary_to_dict(summary)}  # the job's counts win over this run's
     if TaskRunContext.get() is not None:  # not when `.fn()` is called outside a run
         create_markdown_artifact(markdown=summary_markdown(outcome), key=_artifact_key(summary.job_id),
@@ -231,7 +245,7 @@ def specbatch_job(
 def _run_job(dataset: str, job_dir: str, job_config: JobConfig, force: bool, dataset_format: str | None,
              column_map: dict[str, str] | None, epoch: int = 0) -> dict | State:
     prepared = ingest_and_shard(dataset, job_dir, job_config.model_dump(mode="json"), force,
-                                dataset_format, column_map, return_state=True)
+                                dataset_format, column_map, epoch, return_state=True)
     if prepared.name == UNUSABLE_INPUT:
         return _unusable(prepared.message or "unusable input")
     try:
@@ -243,18 +257,24 @@ def _run_job(dataset: str, job_dir: str, job_config: JobConfig, force: bool, dat
         assert isinstance(launched, dict), "only an UnusableInput run returns a state"
         outcome = finalize_job(job_dir, launched, epoch)
     except LeaseLostError as error:
+        _lease_lost(job_dir, error)
         return _unusable(str(error))
     except Exception:
-        _write_error_log(job_dir)
+        _write_error_log(job_dir, epoch)
         raise
-    job_name = location_name(job_dir)
-    if outcome.get("stopped"):
+    return _final_state(outcome, location_name(job_dir))
+
+
+def _final_state(outcome: dict, job_name: str) -> dict | State:
+    """The run's end: its outcome (Completed) when the job is complete, even if a stop came after its
+    last request (the manifest says `done`); else Cancelled when stopped or rows ended cancelled."""
+    if outcome.get("stopped") and not outcome["is_complete"]:
         return Cancelled(message=f"stopped; run the same job again to resume {job_name}", data=outcome)
     if outcome["num_cancelled"]:  # e.g. a killed run's worker committed them late: not a success
         return Cancelled(message=f"{outcome['num_cancelled']} requests ended cancelled; run the same job "
                                  f"again to resume {job_name}", data=outcome)
     if not outcome["is_complete"]:
-        get_run_logger().warning("job %s is not complete: %s", job_name, outcome)
+        _logger().warning("job %s is not complete: %s", job_name, outcome)
     return outcome
 
 
@@ -263,13 +283,13 @@ def _unusable(message: str) -> State:
     return Failed(name=UNUSABLE_INPUT, message=message)
 
 
-def _write_error_log(job_dir: str) -> None:
+def _write_error_log(job_dir: str, epoch: int = 0) -> None:
     """error.log, and the manifest's status `failed` (a failed resume of a done job is not done)."""
     storage = open_storage(job_dir)
     if storage.exists("manifest.json"):
         storage.write_bytes("error.log", traceback.format_exc().encode())
         try:
-            mark_failed(job_dir)
+            mark_failed(job_dir, epoch)
         except Exception:  # the error being reported matters more than its status line
             logging.getLogger(__name__).warning("could not mark %s failed", job_dir, exc_info=True)
 

@@ -23,11 +23,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from specbatch.job.inputs import JobError
 from specbatch.storage import Storage
 
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".json"
+
+
+class LeaseLostError(JobError):
+    """This runner's lease on an object-store job was taken over (it stalled past its expiry); it must
+    not write anything more: the new holder owns the job."""
 
 
 class LeaseHeldError(RuntimeError):

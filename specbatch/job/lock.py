@@ -28,7 +28,7 @@ from pathlib import Path
 from specbatch.data.shards import SHARDS_FOLDER
 from specbatch.fences import FENCES_FOLDER, write_fence
 from specbatch.job.inputs import JobError
-from specbatch.job.lease import Lease, LeaseHeldError, check_lease, hold_lease
+from specbatch.job.lease import Lease, LeaseHeldError, LeaseLostError, check_lease, hold_lease
 from specbatch.ledger import TABLES, committed_parts
 from specbatch.quarantine import QUARANTINE_FOLDER
 from specbatch.storage import LinkInJobError, Location, is_url, links_in, location_name, open_no_follow, open_storage
@@ -40,11 +40,6 @@ WAIT_S = 2.0  # a runner retries this long: `check_not_running` of another CLI h
 
 class JobRunningError(JobError):
     """Another process holds the job's lock; exit code 2, nothing was touched."""
-
-
-class LeaseLostError(JobError):
-    """This runner's lease on an object-store job was taken over (it stalled past its expiry); it must
-    not commit anything more: the new holder owns the job."""
 
 
 @contextmanager
@@ -68,6 +63,7 @@ def job_lock(job_dir: Location, wait_s: float = WAIT_S, lease_s: float = 30.0) -
             yield lease.number
         return
     job_dir = Path(job_dir)
+    check_not_a_link(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     check_no_links(job_dir)
     try:  # not inheritable (PEP 446)
@@ -95,6 +91,14 @@ def check_epoch(job_dir: Location, epoch: int) -> None:
                              "stalled; this run stops without committing more, the other run owns the job now")
 
 
+def check_not_a_link(job_dir: Path) -> None:
+    """A job directory that is itself a symbolic link is refused: the job would be written into the
+    link's target, wherever it points (a folder above it may be a link: `outputs/` on another disk)."""
+    if job_dir.is_symlink():
+        raise JobError(f"job directory {job_dir} is a symbolic link (to {os.readlink(job_dir)}); a job directory "
+                       "must not be a link: remove it, or give --output the folder the link points into")
+
+
 def check_no_links(job_dir: Path) -> None:
     """A job folder is a boundary: refuse one with symbolic links in it (a planted `.job.lock`,
     `results.jsonl.tmp` or `rounds/` link would make a run write or delete outside it)."""
@@ -115,6 +119,7 @@ def check_not_running(job_dir: Location) -> None:
         except Exception as error:  # no such bucket, no credentials, endpoint unreachable
             raise JobError(f"cannot read job {location_name(job_dir)} at {job_dir}: {error}") from error
         return
+    check_not_a_link(Path(job_dir))
     path = Path(job_dir) / LOCK_NAME
     if not path.exists():
         return

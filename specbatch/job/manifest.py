@@ -14,12 +14,18 @@ the journal. The results folder stays the source of truth for what is committed 
 A job on an object store has neither `flock` nor rename. There the manifest has one writer, the
 holder of the job's lease (the flow: ingest, shard status, finalize), and each save is one PUT; worker
 processes never write it, and `parts` is not journaled (the results folder lists committed parts).
+A holder that stalls past its lease could still write after a takeover, so `update_manifest` takes
+the holder's epoch (its lease number): the save is a conditional PUT on the version it loaded
+(`Storage.write_if`), and it records the epoch in `lease_epoch`; a manifest whose `lease_epoch` is
+newer than the writer's is never written (`LeaseLostError`). Once a new holder has saved the
+manifest, no earlier holder's write can land.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import platform
 import tempfile
@@ -35,11 +41,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specbatch.config import JobConfig, config_to_dict
 from specbatch.engine.model_paths import gguf_file
 from specbatch.faults import crash_point
+from specbatch.job.lease import LeaseLostError
 from specbatch.ledger import parse_part_name
 from specbatch.storage import Location, fsync_dir, is_url, open_input, open_no_follow, open_storage
 
 if TYPE_CHECKING:
     from specbatch.data.shards import ShardInfo
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
@@ -47,6 +56,7 @@ JOURNAL_NAME = "manifest.parts.log"
 MANIFEST_MODE = 0o644  # as the job's other files under the usual umask
 _VERSIONED_PACKAGES = ("specbatch", "torch", "transformers", "tokenizers", "datasets", "pyarrow")
 _CHUNK_BYTES = 1 << 20
+_MAX_SAVE_TRIES = 8  # conditional saves of an object-store manifest that another writer keeps beating
 
 JobStatus = Literal["created", "ingesting", "ready", "running", "done", "cancelled", "failed"]
 ShardStatus = Literal["pending", "running", "done"]
@@ -90,6 +100,7 @@ class Manifest(_Model):
     shards: list[ShardEntry] = []
     parts: list[str] = []  # committed part names, in commit order (manifest.json + the journal)
     counters: dict[str, int | float] = {}  # raw totals (records done, dropped, ...); rates are derived
+    lease_epoch: int = 0  # object store: the lease number of the runner that last saved it (0 on a local disk)
 
     def set_shards(self, shards: Iterable[ShardInfo]) -> None:
         """Record the shards ingest wrote; all start `pending`."""
@@ -243,8 +254,11 @@ def save_manifest(job_dir: Location, manifest: Manifest) -> None:
     (job_dir / JOURNAL_NAME).unlink(missing_ok=True)
 
 
-def update_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | None]) -> Manifest:
-    """Load, apply `change` (mutate in place or return a new manifest), save; under the job lock."""
+def update_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | None], epoch: int = 0) -> Manifest:
+    """Load, apply `change` (mutate in place or return a new manifest), save; under the job lock. On
+    an object store, fenced by `epoch` (the writer's lease number; 0: unfenced), see the module doc."""
+    if is_url(job_dir):
+        return _update_object_manifest(job_dir, change, epoch)
     with manifest_lock(job_dir):
         manifest = load_manifest(job_dir)
         changed = change(manifest)
@@ -254,6 +268,27 @@ def update_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | N
             for stale in Path(job_dir).glob(".manifest.*.tmp"):
                 stale.unlink(missing_ok=True)
         return manifest
+
+
+def _update_object_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | None],
+                            epoch: int) -> Manifest:
+    storage = open_storage(job_dir)
+    for _ in range(_MAX_SAVE_TRIES):
+        version = storage.version(MANIFEST_NAME)  # before the read: a write in between fails the save
+        manifest = load_manifest(job_dir)
+        if epoch and manifest.lease_epoch > epoch:
+            raise LeaseLostError(f"job {manifest.job_id}'s manifest was written by the runner of lease "
+                                 f"{manifest.lease_epoch} while this run (lease {epoch}) stalled; this run stops "
+                                 "without writing more, the other run owns the job now")
+        changed = change(manifest)
+        manifest = manifest if changed is None else changed
+        manifest.lease_epoch = max(manifest.lease_epoch, epoch)
+        crash_point("manifest_write")
+        if storage.write_if(MANIFEST_NAME, manifest.model_dump_json(indent=2).encode(), version):
+            return manifest
+        log.info("%s changed while it was updated; loading it again", storage.url(MANIFEST_NAME))
+    raise LeaseLostError(f"{storage.url(MANIFEST_NAME)} kept changing under this run ({_MAX_SAVE_TRIES} tries): "
+                         "another runner writes this job")
 
 
 def append_part(job_dir: Location, name: str) -> None:

@@ -109,7 +109,7 @@ def run_pool_workers(
     deployment = register_worker_deployment(config.workers.pool)
     slots = [_Slot(worker_id) for worker_id in range(config.workers.slots)]
     names: dict[int, list[str]] = {slot.worker_id: [] for slot in slots}
-    mark_group_shards(job_dir, len(slots), "running")
+    mark_group_shards(job_dir, len(slots), "running", epoch)
     watcher = LedgerWatcher(job_dir)
     for slot in slots:
         _start(slot, deployment, job_dir, parent_key, len(slots), names, epoch)
@@ -142,7 +142,7 @@ def run_pool_workers(
                 on_round(watcher.poll())
     if not stop_requested.is_set():
         check_epoch(job_dir, epoch)
-        mark_group_shards(job_dir, len(slots), "done")
+        mark_group_shards(job_dir, len(slots), "done", epoch)
     return PoolResult(len(slots), stop_requested.is_set(), watcher.poll(), names)
 
 

@@ -32,9 +32,11 @@ from specbatch.storage import Location, is_url, location_name
 log = logging.getLogger(__name__)
 
 def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool = False,
-            dataset_format: str | None = None, column_map: dict[str, str] | None = None) -> Manifest:
+            dataset_format: str | None = None, column_map: dict[str, str] | None = None,
+            epoch: int = 0) -> Manifest:
     """Create or resume a job directory (a local path or an object-store URL); ingest the dataset
-    into shards if not done yet."""
+    into shards if not done yet. `epoch`: the runner's lease number on an object store, which fences
+    its manifest writes (`update_manifest`)."""
     manifest = load_manifest(job_dir) if has_manifest(job_dir) else None
     if manifest is not None:  # a resume needs not repeat --format / --column, and may not change them
         if column_map and column_map != manifest.dataset.column_map:
@@ -52,14 +54,14 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
             refused = refusal(manifest, changes, config)
             if refused and not force:
                 raise JobError(refused)
-            retired = retire_cancelled_results(job_dir)
+            retired = retire_cancelled_results(job_dir, conditional=bool(epoch))
             if retired:
                 log.info("resuming: %d cancelled requests will run again", retired)
-            return update_manifest(job_dir, lambda m: record_config(m, config, changes, forced=bool(refused)))
+            return update_manifest(job_dir, lambda m: record_config(m, config, changes, forced=bool(refused)), epoch)
     if not is_url(job_dir):
         Path(job_dir).mkdir(parents=True, exist_ok=True)
     manifest = new_manifest(location_name(job_dir), source.path, source.format, config, source.column_map)
-    manifest.status = "ingesting"
+    manifest.status, manifest.lease_epoch = "ingesting", epoch
     save_manifest(job_dir, manifest)
     tokenizer = load_tokenizer(config.models)
     shards = shard_dataset(source, job_dir, config, tokenizer, max_prompt_tokens(config))

@@ -206,17 +206,17 @@ def _mark_shards(job_dir: Location, names: list[str], status: str, worker_id: in
     update_manifest(job_dir, change)
 
 
-def mark_group_shards(job_dir: Location, num_workers: int, status: str) -> None:
+def mark_group_shards(job_dir: Location, num_workers: int, status: str, epoch: int = 0) -> None:
     """Mark the job's shards `status`, shard i with worker i % num_workers (as `my_shards` deals them);
     marking them `running` leaves `done` shards as they are. The flow does this for its workers on an
-    object store."""
+    object store, fenced by its lease's `epoch` (`update_manifest`)."""
 
     def change(manifest):
         for index, shard in enumerate(manifest.shards):
             if status != "running" or shard.status != "done":
                 shard.status, shard.worker_id = status, index % num_workers
 
-    update_manifest(job_dir, change)
+    update_manifest(job_dir, change, epoch)
 
 
 def main(argv: list[str] | None = None) -> int:
