@@ -316,3 +316,32 @@ def test_sampled_law_under_a_mask_is_the_masked_target(drafter, constraint):
     assert df >= 2, "the law must have several outcomes to test"
     assert chi2 < df + 5 * (2 * df) ** 0.5, f"chi2 {chi2:.1f} over {df} degrees of freedom: {counts} vs {law}"
     grammar.close()
+
+
+# --- a job: ingest drops, results and OpenAI output ---------------------------------------------------
+
+def test_a_job_honours_constraints_and_drops_only_bad_ones(tiny_pair, tmp_path):
+    from job_helpers import results, submit, write_config, write_jsonl
+
+    schema = {"type": "object", "properties": {"k": {"type": "string", "enum": ["yes", "no"]}}, "required": ["k"],
+              "additionalProperties": False}
+    wrapped = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    body = {"max_tokens": 30, "response_format": wrapped}
+    lines = [{"custom_id": "schema", "method": "POST", "url": "/v1/completions", "body": {"prompt": "def", **body}},
+             {"custom_id": "object", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "def", "max_tokens": 4, "response_format": {"type": "json_object"}}},
+             {"custom_id": "xml", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "def", "response_format": {"type": "xml"}}},
+             {"custom_id": "plain", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "def", "max_tokens": 3}}]
+    dataset = write_jsonl(tmp_path / "batch.jsonl", lines)
+    run = submit(dataset, write_config(tmp_path, tiny_pair), "j", tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    by_id = {row["request_id"]: row for row in results(tmp_path / "out" / "j")}
+    assert by_id["schema"]["finish_reason"] == "eos" and json.loads(by_id["schema"]["text"])["k"] in ("yes", "no")
+    assert by_id["object"]["finish_reason"] == "length" and by_id["object"]["text"].startswith("{")  # unfinished
+    assert by_id["xml"]["drop_reason"] == "invalid_constraint" and by_id["plain"]["status"] == "completed"
+    output = [json.loads(line) for line in (tmp_path / "out" / "j" / "openai_output.jsonl").read_text().splitlines()]
+    choices = {line["custom_id"]: line["response"]["body"]["choices"][0] for line in output if line["response"]}
+    assert choices["object"]["finish_reason"] == "length" and choices["schema"]["finish_reason"] == "stop"
+    assert [line["error"]["code"] for line in output if line["error"]] == ["invalid_constraint"]
