@@ -364,6 +364,27 @@ def expected_speculation_by_drafter(jobs: list[Path]) -> list[dict]:
     return out
 
 
+def expected_structured_output(jobs: list[Path]) -> list[dict]:
+    out = []
+    for job in jobs:
+        rounds = rows(job, "rounds")
+        total = {c: sum(r.get(c) or 0 for r in rounds) for c in ("mask_ms", "mask_wait_ms", "round_ms", "num_proposed",
+                                                                 "num_committed", "num_forced_proposed",
+                                                                 "num_forced_accepted")}
+        if total["mask_ms"] <= 0 and total["num_forced_proposed"] <= 0:
+            continue
+        masked = [r for r in rounds if (r.get("mask_ms") or 0) > 0]
+        out.append({"job_id": job.name, "num_masked_rounds": len(masked), "mask_ms": total["mask_ms"],
+                    "mask_wait_ms": total["mask_wait_ms"],
+                    "overhead_share": _ratio(total["mask_wait_ms"], total["round_ms"]),
+                    "mask_to_verify": _ratio(total["mask_ms"], sum(r["verify_ms"] for r in masked)),
+                    "num_forced_proposed": total["num_forced_proposed"],
+                    "num_forced_accepted": total["num_forced_accepted"],
+                    "forced_share_of_proposed": _ratio(total["num_forced_proposed"], total["num_proposed"]),
+                    "forced_share_of_committed": _ratio(total["num_forced_accepted"], total["num_committed"])})
+    return out
+
+
 EXPECTED = {
     "throughput_vs_cost": expected_throughput,
     "latency": expected_latency,
@@ -377,4 +398,5 @@ EXPECTED = {
     "prefix_cache": expected_prefix_cache,
     "speculation_limit": expected_speculation_limit,
     "speculation_by_drafter": expected_speculation_by_drafter,
+    "structured_output": expected_structured_output,
 }

@@ -345,3 +345,14 @@ def test_a_job_honours_constraints_and_drops_only_bad_ones(tiny_pair, tmp_path):
     choices = {line["custom_id"]: line["response"]["body"]["choices"][0] for line in output if line["response"]}
     assert choices["object"]["finish_reason"] == "length" and choices["schema"]["finish_reason"] == "stop"
     assert [line["error"]["code"] for line in output if line["error"]] == ["invalid_constraint"]
+    # the report's structured-output figures equal the ones computed by hand from the rounds
+    from report_oracle import expected_structured_output
+    from test_report import assert_rows_equal
+
+    from specbatch import report
+
+    connection = report.connect([tmp_path / "out" / "j"])
+    figures = report.run_query(connection, "structured_output").records()
+    connection.close()
+    assert_rows_equal(figures, expected_structured_output([tmp_path / "out" / "j"]))
+    assert figures[0]["num_masked_rounds"] > 0 and figures[0]["num_forced_proposed"] > 0

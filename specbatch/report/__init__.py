@@ -44,6 +44,7 @@ QUERIES: dict[str, str] = {  # file stem -> title, in report order
     "prefix_cache": "Shared prefixes",
     "speculation_limit": "Speculation against its limit",
     "speculation_by_drafter": "Speculation per drafter",
+    "structured_output": "Structured output: grammar masks and forced drafts",
 }
 DATA_QUERIES = ("round_timeline", "latency_samples")  # plot inputs, not printed
 _GLOB_CHARS = frozenset("*?[]{},\\")  # sql/views.sql splits job_dir at ',' and globs each path
