@@ -17,6 +17,7 @@ from dataclasses import astuple, dataclass, field
 from specbatch.core import RoundPlan, Row
 from specbatch.records import RoundRecord
 from specbatch.sched.online_cost import OnlineCostFit
+from specbatch.sched.pass_profile import speedup_limit
 from specbatch.sched.roundcost import RoundCostModel, draft_lag
 
 
@@ -52,11 +53,15 @@ class DraftControl:
         fit = self.cost_fit
         return fit is not None and not fit.knows_draft_cost and self.plans_without_drafts >= self.probe_every
 
-    def probe_row(self, plan: RoundPlan) -> Row | None:
+    def probe_row(self, plan: RoundPlan, round_cost: RoundCostModel | None = None) -> Row | None:
         """The row a plan without drafts probes for, if it should probe: by turns the one whose draft
         cache lags least (the cheapest probe) and the one that lags most (probes of one lag alone
-        cannot tell a draft pass's price from a row's)."""
+        cannot tell a draft pass's price from a row's). Never where `round_cost` says that drafts
+        always accepted and free to draft could not beat plain decoding (the verify pass alone is too
+        dear: no α could pay, so drafting's price need not be learnt)."""
         if not plan.decode or not self.wants_probe or any(k for _, k in plan.decode):
+            return None
+        if round_cost is not None and _verify_too_dear(round_cost, plan):
             return None
         self.num_probes += 1
         return (min if self.num_probes % 2 else max)((row for row, _ in plan.decode), key=draft_lag)
@@ -86,6 +91,16 @@ class DraftControl:
             self.gate.observe(record.num_decode_rows, record.num_committed, round_ms, learning,
                               self.full_catch_up_ms, record.num_prefill_rows)
             self.gate.charge_drafting(draft_prefill_ms)
+
+
+def _verify_too_dear(round_cost: RoundCostModel, plan: RoundPlan) -> bool:
+    rows = [row for row, _ in plan.decode]
+    limit, _ = speedup_limit(round_cost, [1.0] * len(rows), [PROBE_LOOKAHEAD] * len(rows),
+                             max(row.num_computed for row in rows), [False] * len(rows))
+    return limit <= 1.0
+
+
+PROBE_LOOKAHEAD = 16  # drafts a row may verify (config.MAX_LOOKAHEAD): more only favour drafting at α = 1
 
 
 @dataclass
@@ -146,6 +161,10 @@ class DraftGate:
     After a plain choice the interval is at least long enough that the next comparison's catch-up
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
     Nothing is compared while the round-time model has not measured drafting (`learning`).
+    Comparing has a price (issue 43): drafting's losses while comparing (its rounds' time beyond what
+    plain decoding takes for their tokens, its catch-ups included) may cost `max_loss_share` of the
+    engine time so far; past it a comparison drafting is losing ends at once (the point estimate
+    decides), and after a plain choice the next one waits until the share is back under.
 
     Invariant: the gate only chooses between the policy's drafts and none; it never changes what a
     row outputs, and a wrong call costs at most the next interval."""
@@ -160,6 +179,10 @@ class DraftGate:
     memory: float = 0.5
     catch_up_share: int = 32
     max_start_wait: int = 64  # decode rounds the first comparison waits for the first round without prefills
+    # drafting's losses while comparing (its rounds' time beyond what plain decoding would have taken for
+    # their tokens) may cost at most this share of the engine time so far: past it a comparison that
+    # drafting is losing ends at once, and after a plain choice none starts until the share is back under
+    max_loss_share: float = 0.02
     drafts: bool = field(default=True, init=False)  # the mode of the next decode round
     choice: bool | None = field(default=None, init=False)  # the last comparison's winner
     interval: int = field(init=False)  # rounds the winner runs alone before the next comparison
@@ -172,6 +195,9 @@ class DraftGate:
     _catch_up_ms: float = field(default=0.0, init=False)  # the latest catch_up_ms observed
     _started: bool = field(default=False, init=False)  # whether the job's first admissions are over
     _waited: int = field(default=0, init=False)  # decode rounds seen before that
+    _engine_ms: float = field(default=0.0, init=False)  # every round observed
+    _loss_ms: float = field(default=0.0, init=False)  # drafting's losses in comparisons that ended
+    _drafting: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # this comparison's (tokens, ms)
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
@@ -184,6 +210,7 @@ class DraftGate:
         fill not); `learning`: drafting's cost not yet measured; `catch_up_ms`: what filling the
         batch's draft caches from empty would cost; `num_prefill_rows`: rows the round prefilled."""
         self._catch_up_ms = catch_up_ms
+        self._engine_ms += max(round_ms, 0.0)
         if num_rows == 0 or num_committed == 0 or round_ms <= 0:
             return  # a round of prefills only
         if learning:
@@ -197,10 +224,15 @@ class DraftGate:
             self._started = True
         if not self.comparing:
             self._left -= 1
-            if self._left <= 0:
+            if self._left <= 0 and self.choice is False and self.over_budget:
+                self._left = self.interval  # drafting lost too much already: plain decoding a while longer
+            elif self._left <= 0:
                 self._skip_drafting = not self.drafts  # after plain rounds the draft cache lags
                 self.comparing, self.drafts = True, not self.drafts
             return
+        if self.drafts:  # the catch-up round too: drafting pays it
+            self._drafting[0] += num_committed
+            self._drafting[1] += round_ms
         if self.catches_up:
             self._skip_drafting = False
         else:
@@ -232,8 +264,23 @@ class DraftGate:
         """Committed tokens per ms in a mode, over the comparisons so far."""
         return self._sums[drafts].rate
 
+    @property
+    def over_budget(self) -> bool:
+        """Whether drafting's comparison losses (this comparison's included) passed their share."""
+        return self._loss_ms + self._comparison_loss_ms() > self.max_loss_share * self._engine_ms
+
+    def _comparison_loss_ms(self) -> float:
+        """This comparison's drafting rounds' time beyond plain decoding's for their tokens."""
+        plain_rate = self.rate(False)
+        if plain_rate <= 0:
+            return 0.0
+        tokens, ms = self._drafting
+        return max(0.0, ms - tokens / plain_rate)
+
     def _settled(self) -> bool:
         drafting, plain = self._sums[True], self._sums[False]
+        if self._compared[True] and self._compared[False] and self.over_budget and drafting.rate < plain.rate:
+            return True  # a losing comparison stops at its price
         if min(self._compared.values()) < self.min_compare_rounds:
             return False
         if min(self._compared.values()) >= self.interval // self.max_compare_share:
@@ -247,6 +294,8 @@ class DraftGate:
         return math.ceil(self._catch_up_ms * self.catch_up_share * plain.rounds / plain.ms) if plain.ms > 0 else 0
 
     def _decide(self) -> None:
+        self._loss_ms += self._comparison_loss_ms()
+        self._drafting = [0.0, 0.0]
         best = self.rate(True) >= self.rate(False) * (1 + self.margin)
         confirmed = best == self.choice
         self.interval = min(2 * self.interval, self.max_interval) if confirmed else self.min_interval

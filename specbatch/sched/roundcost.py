@@ -77,7 +77,7 @@ class RoundCostModel:
             return self.cost.intercept_ms
         rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
         draft_passes, draft_positions = 0, 0.0
-        if self.uses_draft_model and shape.max_k > 0:
+        if self.uses_draft_model and shape.max_k > 0 and shape.num_drafting > 0:  # (a lookup's drafts run no model)
             draft_passes = shape.max_k
             draft_positions = shape.num_drafting * shape.max_lag + shape.sum_k - shape.num_drafting
         return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv)

@@ -191,7 +191,7 @@ class Scheduler:
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
         self._plan_prefill(plan, budget, now_s, held_back)
-        plan.probe = self.draft.probe_row(plan)
+        plan.probe = self.draft.probe_row(plan, self.ctx.round_cost)
         probe_with_model(self.ctx.alphas, plan.probe)
         self._allocate(plan)
         self.ctx.observe_plan(plan, len(self.running))

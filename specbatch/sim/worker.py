@@ -72,6 +72,7 @@ def build_sim_engine(
     scheduler_cost: CostModel | None = None,
     timing_noise: float = 0.0,
     shared_prefixes: bool = False,
+    drafter_alpha_scale: Mapping[str, float] | None = None,
 ) -> tuple[Engine, VirtualClock]:
     """An `Engine` whose backend and clock are simulated; everything else is the real thing.
 
@@ -79,7 +80,9 @@ def build_sim_engine(
     is set: `SimBackend`); `scheduler_cost` is what the scheduler and its policies believe, by
     default the config's, exactly as the real engine's scheduler is built. Prefix reuse
     (`cache.prefix`) runs only where the rows' prompts model `shared_prefixes`: without, every
-    simulated prompt is the same filler token and would match every other whole."""
+    simulated prompt is the same filler token and would match every other whole. A job of several
+    drafters (`drafter.kind`) draws a row's acceptance under drafter d as its α times
+    `drafter_alpha_scale[d]` (`SimBackend`)."""
     if not shared_prefixes:
         config = config.model_copy(update={"cache": config.cache.model_copy(update={"prefix": False})})
     context = sim_max_context(config)
@@ -87,7 +90,7 @@ def build_sim_engine(
     buckets = job_buckets(config)
     clock = VirtualClock()
     backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed,
-                         timing_noise, worker_id)
+                         timing_noise, worker_id, drafter_alpha_scale)
     limits = EngineLimits(context, sim_kv_capacity_tokens(config, slot_len), frozenset({SIM_EOS_TOKEN_ID}),
                           sim_decode)
     return build_engine(config, backend, limits, recorder, worker_id, clock, scheduler_cost), clock
