@@ -54,7 +54,8 @@ EXPECTED_ROUNDS = _schema(
         "kv_tokens_capacity",
     ),
     *_required(_F64, "plan_ms", "reuse_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "warmup_ms",
-               "round_ms", "plain_ms", "predicted_ms", "limit_speedup"),
+               "round_ms", "plain_ms", "predicted_ms", "limit_speedup", "mask_ms", "mask_wait_ms"),
+    *_required(_I64, "num_forced_proposed", "num_forced_accepted"),
 )
 
 EXPECTED_STEPS = _schema(

@@ -71,6 +71,7 @@ EXPECTED_COLUMNS = [
     ("metadata", pa.string(), True),
     ("drop_reason", pa.string(), True),
     ("drop_message", pa.string(), True),
+    ("constraint", pa.string(), True),
 ]
 
 
