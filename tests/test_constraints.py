@@ -182,6 +182,21 @@ def test_greedy_under_constraints_equals_masked_target(tiny_pair, constrained_re
     assert all(r.mask_ms >= 0 and r.num_forced_accepted <= r.num_accepted for r in recorder.rounds)
 
 
+def test_greedy_under_constraints_with_an_eagle_head(tiny_pair, tiny_eagle, constrained_requests):
+    """The head's draft vocabulary is reduced: masked, a greedy row drafts the allowed token it
+    scores highest; sampled rows draw from its masked law (and run to the end)."""
+    _, requests, constraints, refs = constrained_requests
+    config = tiny_config(tiny_pair, "drafter.kind=eagle", f"models.eagle={tiny_eagle}", "scheduler.max_batch_rows=5",
+                         "scheduler.lookahead=fixed:3")
+    models = load_models(config)
+    rows, recorder = run_constrained(config, models, requests, constraints)
+    for i, ref in enumerate(refs):
+        assert rows[f"r{i}"].output_ids == ref
+    assert sum(r.num_accepted for r in recorder.rounds) > sum(r.num_forced_accepted for r in recorder.rounds)
+    rows, _ = run_constrained(config, models, requests, constraints, temperature=0.8)
+    assert all(row.finish_reason in ("eos", "length") for row in rows.values())
+
+
 def test_preempted_constrained_rows_resume_exactly(tiny_pair, constrained_requests):
     models, requests, constraints, refs = constrained_requests
     config = tiny_config(tiny_pair, "capacity.kv_tokens=90", "capacity.admission=optimistic",
