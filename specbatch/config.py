@@ -156,13 +156,13 @@ class DrafterConfig(_Section):
     @field_validator("kind", mode="before")
     @classmethod
     def _kinds(cls, value: Any) -> str:
-        """One kind, or several (comma-separated or a list) written back as `a,b`; `none` in a mix
-        is dropped (plain decoding is every row's choice anyway)."""
+        """One kind, or several (separated by commas or `+`, or a list) written back as `a,b`; `none`
+        in a mix is dropped (plain decoding is every row's choice anyway)."""
         if isinstance(value, list | tuple):
             value = ",".join(str(item) for item in value)
         if not isinstance(value, str):
             raise ValueError(f"expected a drafter kind or a list of them, not {type(value).__name__}")
-        kinds = list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+        kinds = list(dict.fromkeys(part.strip() for part in re.split(r"[,+]", value) if part.strip()))
         unknown = [kind for kind in kinds if kind not in DRAFTER_KINDS]
         if unknown or not kinds:
             raise ValueError(f"drafter kinds are {', '.join(DRAFTER_KINDS)}, not {value!r}")

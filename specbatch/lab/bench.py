@@ -34,6 +34,12 @@ from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.eagle import load_head
 from specbatch.engine.graphs import use_compile_cache
+from specbatch.lab.constrained_workloads import (
+    CONSTRAINED_WORKLOADS,
+    constrained_workload_prompts,
+    masked_greedy_references,
+    valid_share,
+)
 from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
@@ -99,6 +105,10 @@ class BenchResult:
     prefill_padding_share: float | None = None  # padded positions / positions of the prefill passes
     ratio_vs_no_reuse: float | None = None  # to the same row with cache.prefix off (--prefix-cache on,off)
     alpha: float | None = None  # per-token α: of the drafts the rule reached, the share accepted
+    # the speedup over plain decoding the measured α and costs allowed, and the share of it the plans got
+    # (rounds' limit_speedup, sql/speculation_limit.sql)
+    limit_speedup: float | None = None
+    realised_of_limit: float | None = None
     tokens_per_pass: float | None = None
     tokens_per_pass_theory: float | None = None
     exact_match: float
@@ -111,6 +121,7 @@ class BenchResult:
     ratio_vs_peer: float | None = None  # to the peer's fastest mode at the same batch size (--peer)
     same_as_specbatch: float | None = None  # a peer row: share of outputs identical to specbatch-none's
     error: str | None = None  # a peer mode that could not run, and why
+    valid_share: float | None = None  # structured output: finished outputs that satisfy their constraint
     graphs: str = "eager"  # a specbatch row's graph mode
     num_runs: int = 1  # runs of which this row is the median (--repeats)
     outputs: dict[str, list[int]] = field(default_factory=dict, repr=False)  # token ids per request; not written
@@ -119,7 +130,7 @@ class BenchResult:
 def load_models_for(config: JobConfig, drafters: Iterable[str]) -> Models:
     """The target with the draft model and the EAGLE head that `drafters` run, whatever drafter the
     config names: one load serves every configuration of a side-by-side run."""
-    drafters = set(drafters)
+    drafters = {kind for mix in drafters for kind in mix.split("+")}  # suffix+ngram+draft: one job of three
     kind = "draft" if "draft" in drafters and config.models.draft else "none"
     models = load_models(config.model_copy(update={"drafter": config.drafter.model_copy(update={"kind": kind})}))
     if "eagle" in drafters and config.models.eagle:
@@ -251,11 +262,24 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
     result = bench_result(name, {row.request_id: row.output_ids for row in rows}, refs, wall_s - capture_s, work,
                           theory)
     result.warmup_s, result.alpha = warmup_s, alpha
+    result.limit_speedup, result.realised_of_limit = speculation_limit(recorder.rounds)
     result.prefilled_share = work.num_prefill_tokens / max(sum(row.num_prompt_tokens for row in rows), 1)
     if job_prompts:
         scale = job_prompts / len(rows)
         result.tokens_per_s_job = result.num_tokens * scale / (result.wall_s * scale + warmup_s)
     return result
+
+
+def speculation_limit(rounds: list[RoundRecord]) -> tuple[float | None, float | None]:
+    """(limit, realised / limit) of a run's decode rounds, as sql/speculation_limit.sql derives them."""
+    decode = [r for r in rounds if r.num_decode_rows and r.plain_ms > 0]
+    if not decode:
+        return None, None
+    plain_ms = sum(r.plain_ms for r in decode)
+    limit = plain_ms / sum(r.plain_ms / r.limit_speedup for r in decode)
+    planned = (sum(r.num_committed for r in decode) / sum(r.predicted_ms for r in decode)
+               / (sum(r.num_decode_rows for r in decode) / plain_ms))
+    return limit, planned / limit
 
 
 def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...], config_path: Path | None = None,
@@ -273,8 +297,9 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
     `prompts_file` that a job would run; each row the median of `repeats` interleaved runs."""
     if not prefix_cache or set(prefix_cache) - {"on", "off"}:
         raise ConfigError(f"--prefix-cache takes on, off or on,off, not {','.join(prefix_cache)!r}")
-    if workload not in WORKLOADS + INSTRUCT_WORKLOADS:
-        raise ConfigError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS + INSTRUCT_WORKLOADS)}")
+    known = WORKLOADS + INSTRUCT_WORKLOADS + CONSTRAINED_WORKLOADS
+    if workload not in known:
+        raise ConfigError(f"unknown workload {workload!r}; one of {', '.join(known)}")
     console = console or Console()
     for mode, drafter, lookahead in product(graphs, drafters, lookaheads or ("",)):  # bad input fails first
         load_config(config_path, [*(overrides or []), f"models.graphs={mode}", f"drafter.kind={drafter}",
@@ -289,6 +314,9 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         if not prompts:
             raise DatasetError(f"{prompts_file}: no record a job would run ({num_dropped} dropped)")
         source = f"{prompts_file} ({num_dropped} records dropped as a job would drop them)"
+    elif workload in CONSTRAINED_WORKLOADS:
+        prompts = constrained_workload_prompts(workload, models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
+        source = f"workload {workload} (chat template, structured output), max_new_tokens {max_new_tokens}"
     elif workload in INSTRUCT_WORKLOADS:
         prompts = instruct_workload_prompts(workload, models.tokenizer, num_prompts, max_new_tokens, seed=base.seed)
         source = f"workload {workload} (chat template applied), max_new_tokens <= {max_new_tokens}"
@@ -303,7 +331,9 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         source = f"held-out code and prose, max_new_tokens 16..{max_new_tokens}"
     console.print(f"[bold]bench[/] {len(prompts)} prompts from {source}, batch rows {', '.join(map(str, batch_sizes))}")
     hf_logging.set_verbosity_error()
-    refs = greedy_references(models, prompts)  # also warms the target up before anything is timed
+    # the target's own greedy decoding (under its masks where constrained); also warms the target up
+    constrained = any(prompt.constraint is not None for prompt in prompts)
+    refs = masked_greedy_references(models, prompts) if constrained else greedy_references(models, prompts)
     if models.draft is not None:  # warm the draft and engine paths up (graph modes are timed apart)
         run_engine(base.model_copy(update={"drafter": base.drafter.model_copy(update={"kind": "draft"}),
                                            "models": base.models.model_copy(update={"graphs": "eager"})}),
@@ -382,7 +412,8 @@ def _bench_batch(batch_size: int, models: Models, prompts: list[BenchPrompt], re
         ("hf-generate", lambda: _hf_generate_row(models, prompts, refs, batch_size))]
     for mode in graphs:
         for drafter, lookahead, reuse in runs:
-            if (drafter == "draft" and models.draft is None) or (drafter == "eagle" and models.eagle is None):
+            kinds = drafter.split("+")  # a mix (suffix+ngram+draft) is one job of several drafters
+            if ("draft" in kinds and models.draft is None) or ("eagle" in kinds and models.eagle is None):
                 continue
             config = load_config(config_path, [*overrides, f"scheduler.max_batch_rows={batch_size}",
                                                f"drafter.kind={drafter}", f"models.graphs={mode}",
@@ -428,6 +459,7 @@ def _engine_row(name: str, config: JobConfig, mode: str, models: Models, prompts
         rows, recorder, wall_s, startup_s = run_engine(config, models, prompts)
     result = summarize_engine(name, rows, recorder, refs, wall_s, k, job_prompts, startup_s)
     result.graphs = mode
+    result.valid_share = valid_share(prompts, rows, models.tokenizer)
     return result
 
 
@@ -442,10 +474,12 @@ COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("
            "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"), "alpha": ("α", ".3f"),
            "prefilled_share": ("prefilled", ".3f"), "prefill_padding_share": ("pf pad", ".3f"),
            "ratio_vs_no_reuse": ("× no reuse", ".3f"),
+           "limit_speedup": ("limit", ".3f"), "realised_of_limit": ("of limit", ".3f"),
            "tokens_per_pass": ("tok/pass", ".3f"), "tokens_per_pass_theory": ("theory", ".3f"),
            "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
            "ratio_vs_eager": ("× eager", ".3f"), "ratio_vs_peer": ("× peer", ".3f"),
-           "exact_match": ("exact", ".3f"), "same_as_specbatch": ("= sb", ".3f"), "num_prompts": ("n", ""),
+           "exact_match": ("exact", ".3f"), "valid_share": ("valid", ".3f"),
+           "same_as_specbatch": ("= sb", ".3f"), "num_prompts": ("n", ""),
            "num_runs": ("runs", "")}
 
 

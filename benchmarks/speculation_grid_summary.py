@@ -1,0 +1,62 @@
+"""The summary of benchmarks/speculation_grid.sh (issue 43): per cell and drafter, the speed over plain
+decoding, the limit the measured α and costs allowed, the shares of it reached, and the issue's goals.
+
+    .venv/bin/python benchmarks/speculation_grid_summary.py benchmarks/results/issue43
+
+`x none` is measured (tokens per second over specbatch-none's in the same cell); `limit` is the rounds'
+limit_speedup (sql/speculation_limit.sql); `of limit` is x none / limit (the clock's), `planned` the
+share the plans reached at the model's prices (realised_of_limit: the policy and α, not the clock).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def rows(directory: Path) -> list[dict]:
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        target, dtype, workload, batch = path.stem.rsplit("-", 3)
+        for result in json.loads(path.read_text())["results"]:
+            if result["name"].startswith("specbatch-") and result["name"] != "specbatch-none":
+                out.append({"cell": path.stem, "target": target, "dtype": dtype, "workload": workload,
+                            "batch": int(batch.removeprefix("b")), **result})
+    return out
+
+
+def main(directory: Path) -> int:
+    results = rows(directory)
+    failures = []
+    print(f"{'cell':<34} {'drafter':<34} {'x none':>7} {'limit':>7} {'of limit':>8} {'planned':>8} {'exact':>6}")
+    for r in results:
+        ratio, limit = r.get("ratio_vs_none"), r.get("limit_speedup")
+        of_limit = ratio / limit if ratio and limit else None
+        print(f"{r['cell']:<34} {r['name'].removeprefix('specbatch-'):<34} {_f(ratio):>7} {_f(limit):>7} "
+              f"{_f(of_limit):>8} {_f(r.get('realised_of_limit')):>8} {_f(r.get('exact_match')):>6}")
+        if ratio is not None and ratio < 0.98:
+            failures.append(f"{r['cell']} {r['name']}: {ratio:.3f}x plain decoding (goal >= 0.98)")
+        if limit is not None and limit > 1.1 and of_limit is not None and of_limit < 0.9:
+            failures.append(f"{r['cell']} {r['name']}: {of_limit:.3f} of its limit {limit:.2f} (goal >= 0.9)")
+        if r.get("exact_match") != 1.0:
+            failures.append(f"{r['cell']} {r['name']}: exact_match {r.get('exact_match')}")
+    goals = [("smollm2-bfloat16-instruct-b1", None, 1.3), ("smollm2-float32-json-b8", "specbatch-suffix-adaptive", 2.0),
+             ("smollm2-bfloat16-json-b8", "specbatch-suffix-adaptive", 2.0)]
+    for cell, name, goal in goals:
+        ratios = [r["ratio_vs_none"] or 0.0 for r in results
+                  if r["cell"] == cell and (name is None or r["name"] == name)]
+        if ratios and max(ratios) < goal:
+            failures.append(f"{cell} {name or 'best drafter'}: {max(ratios):.3f}x plain decoding (goal >= {goal})")
+    print("\ngoals: " + ("all met" if not failures else f"{len(failures)} missed"))
+    for failure in failures:
+        print(f"  {failure}")
+    return 0
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/issue43")))
