@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -212,13 +213,14 @@ class CapacityConfig(_Section):
 
 
 class CacheConfig(_Section):
-    """Shared prompt prefixes computed once (`sched/prefix_cache.py`): a row copies the KV of the
-    longest prefix another row holds (running, or finished with its slot still free) instead of
-    computing it."""
+    """KV in fixed-size blocks (`sched/kv_blocks.py`), and shared prefixes held once: a row whose
+    tokens start as another's points its block table at the same blocks instead of computing them."""
 
-    prefix: bool = True
-    prefix_block_tokens: int = Field(default=16, ge=1)  # the index's block: shorter shared prefixes are not looked up
-    # what finished rows' kept prefixes may hold, in target + draft KV bytes (None: every free slot may keep one)
+    prefix: bool = True  # share registered blocks between rows; off: every row computes its own
+    # positions per KV block: 16 measured best for shared-prefix jobs and no slower on others (docs/DESIGN.md)
+    block_tokens: int = Field(default=16, ge=1, validation_alias=AliasChoices("block_tokens", "prefix_block_tokens"))
+    # what blocks no running row references may keep cached for later rows, in target + draft KV bytes
+    # (None: any block not needed for a running row)
     prefix_kv_bytes: int | None = Field(default=None, ge=0)
 
 

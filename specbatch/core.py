@@ -255,7 +255,8 @@ class RowOutcome:
 @dataclass
 class RoundOutcome:
     rows: list[RowOutcome] = field(default_factory=list)
-    prefill_shapes: list[PassShape] = field(default_factory=list)  # one per prefill pass
+    prefill_shapes: list[PassShape] = field(default_factory=list)  # the prefill chunks' share of passes
+    num_target_passes: int = 0  # target forward passes (a flat pass computes prefill chunks and verify windows)
     verify_shape: PassShape | None = None
     proposals: Proposals | None = None
     num_draft_prefill_positions: int = 0  # > 0: the draft cache was filled alongside the prefill chunks

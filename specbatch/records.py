@@ -94,7 +94,7 @@ class RoundRecord:
             num_target_rows=num_real_verify + num_prefill_tokens, num_padded_target_rows=padded,
             num_padded_prefill_rows=prefill_padded, num_draft_rows=num_draft_positions,
             num_padded_draft_rows=proposals.num_padded_draft_positions if proposals else 0,
-            num_target_passes=int(verify is not None) + len(prefills),
+            num_target_passes=outcome.num_target_passes,
             num_draft_passes=(proposals.num_passes if proposals else 0) + int(outcome.num_draft_prefill_positions > 0),
             num_proposed=sum(len(r.proposed) for r in outcome.rows),
             num_accepted=sum(r.num_accepted for r in outcome.rows),

@@ -22,9 +22,11 @@ def test_a_finished_engine_frees_its_caches_without_the_collector(tiny_pair, tin
     try:
         rows, _, engine = run_engine(config, random_prompts(tiny_pair[2], 4), models=models)
         assert len(rows) == 4
-        caches = [weakref.ref(engine.backend.cache.keys[0])]
-        if engine.backend.draft_cache is not None:
-            caches.append(weakref.ref(engine.backend.draft_cache.keys[0]))
+        caches = [weakref.ref(engine.backend.target.cache.keys[0])]
+        drafter = engine.backend.drafter
+        if hasattr(drafter, "draft") or hasattr(drafter, "cache"):  # a draft model's blocks, an EAGLE head's lanes
+            caches.append(weakref.ref((drafter.draft.cache if hasattr(drafter, "draft") else drafter.cache).keys[0]))
+        del drafter
         del engine
         assert all(cache() is None for cache in caches)
     finally:

@@ -39,13 +39,11 @@ FAMILIES: dict[str, dict] = {
                 word_embed_proj_dim=64),
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=256),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, rotary_dim=8),
-    "gpt_neo": dict(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global"], 2]],
-                    max_position_embeddings=256),
     "phi": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                 max_position_embeddings=256),
     "falcon": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256),
 }
-EAGER_ONLY = {"gemma2", "gpt_neo"}  # transformers refuses sdpa for these (soft-capping, local-attention bias)
+EAGER_ONLY = {"gemma2"}  # transformers refuses sdpa for it (soft-capping): its references use eager
 BATCH_1_AND_32 = ["llama", "qwen3", "gemma2", "gpt_neox", "opt"]  # the rest at batch 1 and 32 run with -m slow
 NUM_PROMPTS = 32
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -114,15 +112,9 @@ def test_family_exact_at_batch_7(family_pairs, family, drafter):
     check_family(family_pairs, family, drafter, 7)
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - EAGER_ONLY))
-def test_family_exact_with_eager_attention(family_pairs, family):
-    """The eager path takes an additive float mask instead of sdpa's boolean one."""
-    check_family(family_pairs, family, "draft", 7, attn="eager")
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_exact_with_shared_prefixes_reused(family_pairs, family):
-    """Rows copying a shared prefix's KV (cache.prefix) decode as the target alone, in every family."""
+    """Rows sharing a prefix's KV blocks (cache.prefix) decode as the target alone, in every family."""
     from test_prefix_reuse import shared_prefix_prompts
 
     built = family_pairs(family)
@@ -154,7 +146,7 @@ REFUSED = [
     ("qwen2", dict(use_sliding_window=True, sliding_window=64, max_window_layers=1), "config.sliding_window=64"),
     ("gemma2", {}, "sliding-window attention (config.sliding_window=4096)"),
     ("gemma3_text", dict(sliding_window=512), "config.sliding_window=512"),
-    ("gpt_neo", dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=8), "config.window_size=8"),
+    ("gpt_neo", dict(num_layers=2, attention_types=[[["global"], 2]]), "not through transformers' attention interface"),
     ("mamba", {}, "hybrid or recurrent layers"),
     ("jamba", {}, "layer types ['linear_attention']"),
     ("qwen3_next", {}, "hybrid or recurrent layers"),

@@ -10,7 +10,7 @@ from sched_engine_helpers import SimLoop, make_row, make_scheduler
 
 from specbatch.core import Status
 from specbatch.sched.buckets import ShapeBuckets
-from specbatch.sched.capacity import KVBudget
+from specbatch.sched.kv_blocks import KVBlocks
 
 requests = st.lists(st.tuples(st.integers(1, 120), st.integers(1, 120), st.floats(0.0, 1.0)), min_size=1,
                     max_size=24)
@@ -18,15 +18,15 @@ requests = st.lists(st.tuples(st.integers(1, 120), st.integers(1, 120), st.float
 
 def kv_invariants(scheduler, plan) -> None:
     kv = scheduler.kv
-    assert 0 <= kv.num_used <= kv.capacity_tokens
-    assert kv.num_used == sum(kv.reserved.values())
+    assert kv.num_in_use >= 0 and kv.num_free >= 0 and kv.num_used <= kv.capacity_tokens
+    assert kv.num_in_use == len({block for holding in kv.holdings.values() for block in holding.table})
     running = {id(r) for r in scheduler.running}
     for row, k in plan.decode:
         assert id(row) in running
-        # the verify pass writes positions num_computed .. num_computed + k (pending token + drafts)
-        assert row.num_computed + 1 + k <= kv.reserved[row.request_id]
+        # the verify pass writes positions up to computed_after_prefill + k (pending token + drafts)
+        assert plan.computed_after_prefill(row) + 1 + k <= len(kv.table(row.request_id)) * kv.block_size
     for row, size in plan.prefill:
-        assert row.num_computed + size <= kv.reserved[row.request_id]
+        assert row.num_computed + size <= len(kv.table(row.request_id)) * kv.block_size
     assert plan.num_target_positions <= scheduler.limits.max_round_tokens
 
 
@@ -51,7 +51,7 @@ def test_kv_never_exceeds_capacity(requests, capacity, order, admission, lookahe
     assert sorted(r.request_id for r in loop.finished) == sorted(r.request_id for r in rows)
     for row in rows:  # dropped only if even alone it could not fit
         if row.status is Status.DROPPED:
-            assert scheduler.reservation(row) > capacity
+            assert scheduler.kv.blocks_for(scheduler.reservation(row)) > scheduler.kv.num_blocks
         else:
             assert row.status is Status.COMPLETED and row.num_output_tokens == row.params.max_new_tokens
 
@@ -64,17 +64,18 @@ def test_oversized_request_is_dropped_with_reason():
     assert admission.dropped == [row] and row.drop_reason == "exceeds_kv_capacity"
 
 
-def test_budget_reserve_refuses_overflow():
-    kv = KVBudget(10)
-    kv.reserve("a", 6)
-    assert not kv.can_reserve(5)
-    with pytest.raises(ValueError):
-        kv.reserve("b", 5)
-    kv.reserve("a", 2)  # shrink
-    kv.reserve("b", 8)
-    assert kv.num_used == 10 and kv.num_free == 0
+def test_blocks_refuse_what_the_pool_cannot_hold():
+    kv = KVBlocks(num_blocks=10, block_size=4)
+    a, b = make_row("a", num_prompt=8, max_new=4), make_row("b", num_prompt=8, max_new=4)
+    assert kv.can_admit(a, 24, []) and kv.admit(a, 24, []) == 0  # 6 blocks promised
+    assert not kv.can_admit(b, 20, [])  # 5 more do not fit
+    kv.reserve("a", 8)  # shrink to 2 blocks
+    assert kv.can_admit(b, 20, [])
+    kv.admit(b, 20, [])
+    kv.ensure("b", 20)
+    assert kv.num_in_use == 5 and kv.num_free == 3
     kv.free("a")
-    assert kv.num_used == 8
+    assert kv.num_free == 5
 
 
 @pytest.mark.parametrize(("rows", "query", "expected_bucket", "expected_padded"), [

@@ -123,7 +123,7 @@ def test_preemptive_order_swaps_a_long_running_row_for_a_short_waiting_one():
     _, admission = scheduler.plan(0.0)
     assert admission.preempted == [long] and admission.admitted == [short]
     assert long.num_computed == 0 and long.num_preemptions == 1
-    assert scheduler.kv.reserved.keys() == {"short"}
+    assert scheduler.kv.holdings.keys() == {"short"}
 
 
 @pytest.mark.parametrize("order", ["laps-sd", "specbatch"])

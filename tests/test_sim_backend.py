@@ -46,11 +46,9 @@ def test_rounds_match_the_real_backend(tiny_pair, draft_is_target, one_thread):
                          "capacity.max_context=256")
     requests = random_prompts(tiny_pair[2], 12, seed=5)
     real_rows, real, _ = run_engine(config, requests)
-    assert sum(r.num_padded_target_rows for r in real.rounds)
+    assert sum(r.num_padded_target_rows for r in real.rounds) == 0  # flat passes
     assert any(r.num_prefill_rows and r.num_decode_rows for r in real.rounds)  # chunked prefill beside decode
-    if draft_is_target:
-        assert sum(r.num_padded_draft_rows for r in real.rounds)
-    else:
+    if not draft_is_target:
         assert 0 < sum(r.num_accepted for r in real.rounds) < sum(r.num_proposed for r in real.rounds)
     histories: dict[str, list] = {}
     starts: dict[str, list] = {}

@@ -84,7 +84,7 @@ def test_slots_wider_than_the_lookahead_where_query_buckets_are(tiny_pair):
 
 
 def _run(job_dir: Path, config, models, monkeypatch) -> int:
-    """Run the job's worker; returns the positions of its target slots."""
+    """Run the job's worker; returns the positions per batch row of its KV pool (whole blocks)."""
     built = []
 
     def spy(*args, **kwargs):
@@ -95,8 +95,14 @@ def _run(job_dir: Path, config, models, monkeypatch) -> int:
     monkeypatch.setattr(worker, "build_hf_engine", spy)
     worker.run_worker(job_dir, config, models=models)
     (backend,) = built
-    assert backend.draft_cache.max_len == backend.cache.max_len
-    return backend.cache.max_len
+    assert backend.drafter.draft.max_len == backend.target.max_len  # the draft model's blocks mirror the target's
+    return backend.target.max_len // config.scheduler.max_batch_rows
+
+
+def _per_row(config, slot_positions: int) -> int:
+    """A pool of max_batch_rows x `slot_positions`, in whole blocks, per row."""
+    rows, block = config.scheduler.max_batch_rows, config.cache.block_tokens
+    return rows * slot_positions // block * block // rows
 
 
 def _forget_needs(job_dir: Path) -> None:
@@ -124,8 +130,9 @@ def test_short_requests_get_short_slots_and_the_same_outputs_as_whole_context_sl
     _forget_needs(whole)
     assert {shard.max_request_tokens for shard in load_manifest(whole).shards} == {None}
 
-    assert _run(sized, config, models, monkeypatch) == num_slot_positions(config, CONTEXT, _longest_request(tiny_pair))
-    assert _run(whole, config, models, monkeypatch) == CONTEXT + 4
+    assert _run(sized, config, models, monkeypatch) == _per_row(config, num_slot_positions(
+        config, CONTEXT, _longest_request(tiny_pair)))
+    assert _run(whole, config, models, monkeypatch) == _per_row(config, CONTEXT + 4)
 
     results = read_table(sized, "results").sort_by("request_id").to_pylist()
     assert results == read_table(whole, "results").sort_by("request_id").to_pylist()

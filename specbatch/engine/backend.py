@@ -69,6 +69,7 @@ class HFBackend:
         if prefill_first:
             started = time.perf_counter()
             outcome.prefill_shapes.append(self._prefill(plan.prefill))
+            outcome.num_target_passes += 1
             self._sync()
             outcome.prefill_ms = ms_since(started)
         if plan.prefill and plan.draft_prefill:
@@ -128,6 +129,7 @@ class HFBackend:
         masks = self.grammar.start_masks(rows, proposals.tokens) if self.grammar is not None else None
         logits, shape = self.target.forward(self._tables(pass_rows), pass_starts, chunks, keep_logits=bool(rows),
                                             keep=keep)
+        outcome.num_target_passes += 1
         self._observe(pass_rows, pass_starts, [len(chunk) for chunk in chunks])
         num_prefill = sum(size for _, size in prefill)
         if rows:
@@ -144,11 +146,10 @@ class HFBackend:
         outcome.prefill_ms += elapsed * share
         outcome.verify_ms = elapsed - elapsed * share
         if num_prefill:
-            outcome.prefill_shapes.append(_part(shape, len(prefill), num_prefill, sum(
-                row.num_computed + size for row, size in prefill)))
+            outcome.prefill_shapes.append(flat_shape([row.num_computed for row, _ in prefill],
+                                                     [size for _, size in prefill]))
         if rows:
-            kv_read = sum(start + len(window) for start, window in zip(starts, windows, strict=True))
-            outcome.verify_shape = _part(shape, len(rows), sum(map(len, windows)), kv_read)
+            outcome.verify_shape = flat_shape(starts, [len(window) for window in windows])
 
     @staticmethod
     def _verify_positions(chunks: list[list[int]], windows: list[list[int]], offset: int) -> list[int]:
@@ -202,7 +203,8 @@ class HFBackend:
         return outcomes
 
 
-def _part(shape: PassShape, num_rows: int, num_positions: int, kv_read: int) -> PassShape:
-    """The prefill or verify share of a flat pass, for the ledger."""
-    return PassShape(num_rows, num_rows, shape.query_len, shape.kv_len, num_positions, flat_padded_positions=0,
-                     flat_kv_tokens_read=kv_read)
+def flat_shape(starts: list[int], lengths: list[int]) -> PassShape:
+    """The shape of rows fed `lengths` tokens at `starts` in a flat pass (or the prefill or verify
+    share of one), for the ledger: nothing padded, each row reading its own KV."""
+    return PassShape(len(lengths), len(lengths), max(lengths), max(s + n for s, n in zip(starts, lengths, strict=True)),
+                     sum(lengths), flat_padded_positions=0, flat_kv_tokens_read=sum(starts) + sum(lengths))

@@ -12,19 +12,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbatch.config import JobConfig
 from specbatch.engine.backend import HFBackend
+from specbatch.engine.constraints import GrammarRuntime
 from specbatch.engine.cost_profile import job_cost_model
 from specbatch.engine.coupling import make_coupling
+from specbatch.engine.drafter_mix import DrafterMix
 from specbatch.engine.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specbatch.engine.eagle import EagleHead, aux_layer_ids, load_head
 from specbatch.engine.eagle_drafter import EagleDrafter
-from specbatch.engine.forward import SlotModel
-from specbatch.engine.graphs import GraphMode, decode_step, warm_shapes
+from specbatch.engine.forced_drafter import ForcedDrafter
+from specbatch.engine.forward import PagedModel
+from specbatch.engine.graphs import GraphMode, decode_step
 from specbatch.engine.loading import check_same_tokenizer, kv_shape, load_model, load_tokenizer
 from specbatch.engine.model_paths import ModelLoadError
+from specbatch.engine.paged_cache import PagedKVCache
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.engine.suffix_drafter import SuffixDrafter
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
-from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.factory import job_buckets
 
 
@@ -54,13 +57,13 @@ def load_models(config: JobConfig) -> Models:
     tokenizer = load_tokenizer(m)
     target = load_model(m.target, m)
     draft = None
-    if config.drafter.kind == "draft":
+    if config.drafter.model_kind == "draft":
         if not m.draft:
             raise ModelLoadError("drafter.kind is 'draft' but models.draft is not set")
         check_same_tokenizer(m.target, m.draft, tokenizer, m)
         draft = load_model(m.draft, m, m.draft_device)
     eagle = None
-    if config.drafter.kind == "eagle":
+    if config.drafter.model_kind == "eagle":
         if not m.eagle:
             raise ModelLoadError("drafter.kind is 'eagle' but models.eagle is not set")
         eagle = load_head(m.eagle, target)
@@ -92,6 +95,12 @@ def kv_capacity_tokens(config: JobConfig, models: Models, slot_len: int) -> int:
     return config.scheduler.max_batch_rows * slot_len
 
 
+def grammar_eos(models: Models) -> int:
+    """The end token a finished grammar allows (llguidance takes one): the tokenizer's, else the lowest EOS."""
+    eos = models.tokenizer.eos_token_id
+    return int(eos) if eos is not None else min(eos_token_ids(models))
+
+
 def eos_token_ids(models: Models) -> set[int]:
     ids = models.target.generation_config.eos_token_id
     ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
@@ -100,15 +109,20 @@ def eos_token_ids(models: Models) -> set[int]:
     return ids
 
 
-def _slot_cache(model: PreTrainedModel, num_slots: int, slot_len: int, graphs: GraphMode) -> SlotCache:
+def _paged_cache(model: PreTrainedModel, num_blocks: int, block_size: int, graphs: GraphMode) -> PagedKVCache:
     shape = kv_shape(model)
     device = next(model.parameters()).device
-    cache = SlotCache(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, slot_len,
-                      model.dtype, device, shape.value_head_dim)
+    cache = PagedKVCache(shape.num_layers, num_blocks, block_size, shape.num_kv_heads, shape.head_dim, model.dtype,
+                         device, shape.value_head_dim)
     if graphs == "cuda-graphs":  # graphs replay into these buffers: their addresses must not change
         for tensor in cache.keys + cache.values:
             torch._dynamo.mark_static_address(tensor)
     return cache
+
+
+def kv_num_blocks(config: JobConfig, capacity_tokens: int) -> int:
+    """Blocks of the paged caches: the KV capacity, whole blocks."""
+    return max(1, capacity_tokens // config.cache.block_tokens)
 
 
 def num_slot_positions(config: JobConfig, context: int, max_request_tokens: int | None) -> int:
@@ -133,50 +147,44 @@ def hf_backend(config: JobConfig, models: Models, max_request_tokens: int | None
                ) -> tuple[HFBackend, EngineLimits]:
     """The backend and its limits. `max_request_tokens` sizes only the slots (`num_slot_positions`):
     the limits keep the model's context, which the scheduler and the stop rule compare against."""
-    k_max = config.max_lookahead
     context = max_context(config, models)
     slot_len = num_slot_positions(config, context, max_request_tokens)
-    num_slots = config.scheduler.max_batch_rows + 1  # + scratch slot for padded batch rows
-    graphs, max_rows = config.models.graphs, config.scheduler.max_batch_rows
-    buckets = job_buckets(config)
-    mask_dtype = None if config.models.attn_implementation == "sdpa" else models.target.dtype
+    capacity_tokens = kv_capacity_tokens(config, models, slot_len)
+    num_blocks, block_size = kv_num_blocks(config, capacity_tokens), config.cache.block_tokens
+    graphs, num_lanes = config.models.graphs, config.scheduler.max_batch_rows
     vocab_size = models.target.get_output_embeddings().weight.shape[0]
     target_device = next(models.target.parameters()).device
-    target = SlotModel(models.target, _slot_cache(models.target, num_slots, slot_len, graphs), buckets, mask_dtype,
-                       pad_decode=True, pad_prefill=graphs == "eager", step=models.step("target", graphs))
-    drafter: Drafter
-    draft, draft_cache = None, None
-    if config.drafter.kind == "draft":
-        assert models.draft is not None
-        draft_cache = _slot_cache(models.draft, num_slots, slot_len, graphs)
-        draft_buckets = ShapeBuckets(buckets.batch_rows, (), buckets.kv_len_multiple)  # steps run exact lengths
-        draft = SlotModel(models.draft, draft_cache, draft_buckets, mask_dtype, pad_decode=graphs != "eager",
-                          pad_prefill=False, step=models.step("draft", graphs))
-        drafter = DraftModelDrafter(draft, vocab_size, target_device)
-    elif config.drafter.kind == "eagle":
-        assert models.eagle is not None
-        head = models.eagle
-        draft_cache = SlotCache(1, num_slots, head.num_kv_heads, head.head_dim, slot_len, models.target.dtype,
-                                target_device)
-        target.feature_layers = aux_layer_ids(head.config, kv_shape(models.target).num_layers)
-        drafter = EagleDrafter(head, draft_cache, target_device)
-    elif config.drafter.kind == "ngram":
-        drafter = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
-    elif config.drafter.kind == "suffix":
-        drafter = SuffixDrafter(config.drafter)
-    else:
-        drafter = NoDrafter()
-
-    def warm_up() -> None:
-        target.warm_up(warm_shapes(buckets, max_rows, k_max + 1))
-        if draft is not None:
-            draft.warm_up(warm_shapes(draft_buckets, max_rows, 2))  # a step feeds 1 token, 2 catching up
+    target = PagedModel(models.target, _paged_cache(models.target, num_blocks, block_size, graphs),
+                        step=models.step("target", graphs))
+    drafters: dict[str, Drafter] = {}  # by kind: several make a `DrafterMix`, a drafter chosen per row
+    for kind in config.drafter.kinds:
+        if kind == "draft":
+            assert models.draft is not None
+            draft = PagedModel(models.draft, _paged_cache(models.draft, num_blocks, block_size, graphs),
+                               step=models.step("draft", graphs))
+            drafters[kind] = DraftModelDrafter(draft, vocab_size, target_device)
+        elif kind == "eagle":
+            assert models.eagle is not None
+            head = models.eagle
+            lanes = SlotCache(1, num_lanes + 1, head.num_kv_heads, head.head_dim, slot_len, models.target.dtype,
+                              target_device)
+            target.feature_layers = aux_layer_ids(head.config, kv_shape(models.target).num_layers)
+            drafters[kind] = EagleDrafter(head, lanes, target_device)
+        elif kind == "ngram":
+            drafters[kind] = NgramDrafter(config.drafter.ngram_min, config.drafter.ngram_max)
+        elif kind == "suffix":
+            drafters[kind] = SuffixDrafter(config.drafter)
+        else:
+            drafters[kind] = NoDrafter()
+    drafter: Drafter = DrafterMix(drafters) if len(drafters) > 1 else drafters[config.drafter.kind]
 
     coupling = make_coupling(config.sampling.coupling, config.seed, target_device)
-    backend = HFBackend(target, drafter, vocab_size, coupling, draft_cache, None if graphs == "eager" else warm_up)
+    grammar = GrammarRuntime(models.tokenizer, vocab_size, grammar_eos(models))  # structured output (issue 42)
+    backend = HFBackend(target, ForcedDrafter(drafter, grammar), vocab_size, coupling, num_lanes, grammar=grammar)
     tokenizer = models.tokenizer
-    limits = EngineLimits(context, kv_capacity_tokens(config, models, slot_len), frozenset(eos_token_ids(models)),
-                          lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)))
+    limits = EngineLimits(context, num_blocks * block_size, frozenset(eos_token_ids(models)),
+                          lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
+                          kv_bytes_per_token=kv_bytes_per_token(models))
     return backend, limits
 
 

@@ -72,7 +72,7 @@ class PagedModel:
                                   for i in range(length)], dtype=torch.long, device=device)
         kv_len = max(start + length for start, length in zip(starts, lengths, strict=True))
         shape = PassShape(len(tables), len(tables), query_len, kv_len, num_tokens, flat_padded_positions=0,
-                          flat_kv_tokens_read=sum(starts) + num_tokens)
+                          flat_kv_tokens_read=sum(starts) + num_tokens)  # `backend.flat_shape`, inlined: no cycle
         ends = torch.tensor(lengths, device=device).cumsum(0) - 1  # [rows] each row's last token
         kept: Any = 0  # every position
         if not keep_logits:

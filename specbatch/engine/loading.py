@@ -37,6 +37,9 @@ RECURRENT_MODEL_TYPES = frozenset({
     "nemotron_h", "recurrent_gemma", "rwkv", "xlstm", "lfm2", "lfm2_moe",
 })
 ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt"})
+# Model types whose attention is their own code, not transformers' `AttentionInterface`, which is how
+# the engine's flat passes reach every layer's attention over the paged cache (`engine/paged_cache.py`)
+OWN_ATTENTION_MODEL_TYPES = frozenset({"gpt_neo"})
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})  # sliding: see the window check
 
 
@@ -66,33 +69,34 @@ def kv_shape(model: PreTrainedModel) -> KVShape:
 
 
 def unsupported_reason(config: PreTrainedConfig) -> str | None:
-    """Why the slot cache cannot serve this model exactly, or None if it can.
+    """Why the engine cannot serve this model exactly, or None if it can.
 
-    The engine passes every layer one full causal 4D mask over the slot and keeps only attention
-    keys and values, so a model that masks differently or keeps other state would run wrong."""
+    The engine's passes attend causally over every cached position of a row (paged, through the
+    attention interface) and keep only attention keys and values, so a model that masks differently
+    or keeps other state would run wrong."""
     text = config.get_text_config()
     if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder models are not supported: the slot cache serves decoder-only causal LMs"
+        return "encoder-decoder models are not supported: the engine serves decoder-only causal LMs"
     layer_types = set(getattr(text, "layer_types", None) or ())
     if text.model_type in RECURRENT_MODEL_TYPES or layer_types - ATTENTION_LAYER_TYPES:
         kinds = sorted(layer_types - ATTENTION_LAYER_TYPES) or ["recurrent"]
         return (f"hybrid or recurrent layers (model_type={text.model_type!r}, layer types {kinds}) are not "
-                "supported: the slot cache holds attention keys and values only, not recurrent state")
+                "supported: the KV cache holds attention keys and values only, not recurrent state")
+    if text.model_type in OWN_ATTENTION_MODEL_TYPES:
+        return (f"{text.model_type!r} computes attention in its own code, not through transformers' attention "
+                "interface, which the engine's paged passes need")
     if text.model_type in ALIBI_MODEL_TYPES or getattr(text, "alibi", False):
         return ("ALiBi position bias is not supported: the model builds it from a 2D padding mask, and the "
-                "engine passes per-row 4D masks")
+                "engine attends by its own causal rule")
     return _window_reason(text)
 
 
 def _window_reason(text: PreTrainedConfig) -> str | None:
     positions = max_positions(text)
     window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
-    name = "sliding_window"
-    if "local" in (getattr(text, "attention_layers", None) or ()):  # GPT-Neo's local layers
-        window, name = getattr(text, "window_size", None), "window_size"
     if window is None or window >= positions:  # a window as long as the context masks nothing
         return None
-    return (f"sliding-window attention (config.{name}={window}) is not supported: the engine masks full causal "
+    return (f"sliding-window attention (config.sliding_window={window}) is not supported: the engine masks full causal "
             f"attention, so positions more than {window} back would be attended to; a window at least the "
             f"model's {positions} positions long is accepted")
 

@@ -226,8 +226,9 @@ def _unpaged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
 
 
 def paged_mask(*args, **kwargs) -> torch.Tensor | None:
-    """No mask inside a paged pass (attention builds its own per group); SDPA's outside it."""
-    return None if _PASS.get() is not None else sdpa_mask(*args, **kwargs)
+    """No mask inside a paged pass (attention builds its own per group); outside it SDPA's bool mask,
+    always made (not left to SDPA's `is_causal`: the soft-capped maths reads it)."""
+    return None if _PASS.get() is not None else sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -233,7 +233,7 @@ class KVBlocks:
         holding = self.holdings.pop(request_id, None)
         if holding is None:
             return
-        for block in holding.table:
+        for block in reversed(holding.table):  # a prefix's last blocks become the least recently used
             self._release(block)
         self._trim_cache()
 

@@ -111,13 +111,17 @@ class SimBackend:
             drafted = [(row, plan.drafted_k(row, k)) for row, k in plan.decode]
             outcome.proposals = self._draft(drafted, starts, outcome.num_draft_prefill_positions > 0)
             outcome.rows, outcome.verify_shape = self._verify(plan.decode, starts, outcome.proposals)
+        # one flat pass, but an EAGLE head drafts from the prefill's features, so it prefills apart
+        apart = bool(plan.prefill) and bool(plan.decode) and "eagle" in self.kinds
+        outcome.num_target_passes = int(bool(plan.prefill) or bool(plan.decode)) + int(apart)
         outcome.prefill_ms, outcome.draft_prefill_ms, outcome.draft_ms, outcome.verify_ms = self._split_ms(outcome)
         self.clock.advance((outcome.prefill_ms + outcome.draft_ms + outcome.verify_ms) / 1000)
         return outcome
 
     def _prefill_shape(self, work: list[tuple[Row, int]]) -> PassShape:
         sizes = [size for _, size in work]
-        return self._pass_shape(len(work), max(row.num_computed for row, _ in work), max(sizes), sum(sizes))
+        return self._pass_shape(len(work), max(row.num_computed + size for row, size in work), max(sizes), sum(sizes),
+                                sum(row.num_computed + size for row, size in work))
 
     def _draft_prefill_positions(self, work: list[tuple[Row, int]], draft_prefill: bool) -> int:
         """The drafter's cache is filled alongside, up to the same end."""
@@ -127,24 +131,22 @@ class SimBackend:
 
     def _draft(self, decode: list[tuple[Row, int]], starts: list[int], alongside: bool) -> Proposals:
         """Counts of the passes `DraftModelDrafter.propose` runs: pass 0 feeds each speculating
-        row's unfed tokens (ragged, padded to the longest), pass j > 0 one draft to each row with
+        row's unfed tokens (flat: no padding), pass j > 0 one draft to each row with
         k > j (no padding). A row prefilled this round has its draft cache filled to its start."""
         proposals = Proposals([], [], [0] * len(decode))
         if not self.uses_draft_model:
             return proposals
-        num_rows = num_fed = max_fed = max_k = further = 0
+        num_fed = max_k = further = 0
         for index, ((row, k), start) in enumerate(zip(decode, starts, strict=True)):
             if k > 0 and self._drafts_with_model(row):
                 draft_start = RoundPlan.draft_start(row, start, alongside)
                 fed = len(row.token_ids) - draft_start
-                num_rows, num_fed, further = num_rows + 1, num_fed + fed, further + k - 1
-                if fed > max_fed:
-                    max_fed = fed
+                num_fed, further = num_fed + fed, further + k - 1
                 if k > max_k:
                     max_k = k
                 proposals.num_fed[index] = fed + k - 1
         proposals.num_draft_positions = num_fed + further
-        proposals.num_padded_draft_positions = num_rows * max_fed - num_fed
+        proposals.num_padded_draft_positions = 0  # flat passes pad no row
         proposals.num_passes = max_k
         return proposals
 
@@ -154,10 +156,10 @@ class SimBackend:
         num_accepted_of, rngs, outputs = self.acceptance.num_accepted, self.rngs, self.outputs
         log_alphas, drafts, log, num_fed = self._log_alphas, self._drafts, math.log, proposals.num_fed
         outcomes = []
-        max_start = num_positions = max_len = 0
+        max_end = num_positions = max_len = 0
         for index, (row, k) in enumerate(decode):
-            if starts[index] > max_start:
-                max_start = starts[index]
+            if starts[index] + 1 + k > max_end:
+                max_end = starts[index] + 1 + k
             if k >= max_len:
                 max_len = 1 + k
             num_positions += 1 + k
@@ -176,7 +178,8 @@ class SimBackend:
                 emitted[eos_at] = SIM_EOS_TOKEN_ID
             proposed = drafts.get(k) or drafts.setdefault(k, [SIM_TOKEN_ID] * k)  # shared, never mutated
             outcomes.append(RowOutcome(row, k, proposed, num_accepted, emitted, num_fed[index]))
-        return outcomes, self._pass_shape(len(decode), max_start, max_len, num_positions)
+        return outcomes, self._pass_shape(len(decode), max_end, max_len, num_positions,
+                                          sum(starts) + num_positions)
 
     def _kind(self, row: Row) -> str:
         return row.drafter if row.drafter in self.kinds else self.kinds[0]
@@ -184,8 +187,11 @@ class SimBackend:
     def _drafts_with_model(self, row: Row) -> bool:
         return self._kind(row) in self.model_kinds
 
-    def _pass_shape(self, num_rows: int, max_start: int, max_len: int, num_positions: int) -> PassShape:
-        return self.buckets.pass_shape(num_rows, max_start, max_len, num_positions, self.max_kv_len)
+    def _pass_shape(self, num_rows: int, kv_len: int, max_len: int, num_positions: int, kv_read: int
+                    ) -> PassShape:
+        """A flat pass, as `engine/forward.py` runs it: no row padded, each reading its own KV."""
+        return PassShape(num_rows, num_rows, max_len, kv_len, num_positions, flat_padded_positions=0,
+                         flat_kv_tokens_read=kv_read)
 
     def _split_ms(self, outcome: RoundOutcome) -> tuple[float, float, float, float]:
         """(prefill, draft prefill, draft, verify) ms, booked as the real backend times them: the draft
@@ -199,6 +205,9 @@ class SimBackend:
             prefill = sum(_pass_ms(c, shape) for shape in outcome.prefill_shapes) + draft_prefill
         if outcome.verify_shape is not None:
             verify = _pass_ms(c, outcome.verify_shape)
+        # prefill chunks and verify windows in one flat pass pay one pass's price, not two
+        num_shares = len(outcome.prefill_shapes) + int(outcome.verify_shape is not None)
+        prefill -= c.target_passes * (num_shares - outcome.num_target_passes)
         if (proposals := outcome.proposals) is not None:
             draft = (c.draft_passes * proposals.num_passes
                      + c.draft_rows * (proposals.num_draft_positions + proposals.num_padded_draft_positions))
@@ -214,7 +223,7 @@ class SimBackend:
 
 
 def _pass_ms(cost: CostModel, shape: PassShape) -> float:
-    return (cost.target_passes + cost.target_rows * shape.num_bucket_rows * shape.query_len
+    return (cost.target_passes + cost.target_rows * (shape.num_real_positions + shape.num_padded_positions)
             + cost.kv_tokens_read * shape.num_kv_tokens_read)
 
 
