@@ -86,3 +86,27 @@ def test_sigterm_during_ingest_exits_130(tmp_path, tiny_pair):
                 cwd=tmp_path, env={"SPECBATCH_CRASH_AT": "ingest_shard:1:TERM"}, timeout=300)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert json.loads((tmp_path / "out" / "t" / "manifest.json").read_text())["status"] == "ingesting"
+
+
+def test_sigterm_before_prefect_starts_exits_130_with_a_message(tmp_path):
+    """A SIGTERM in a submit's first seconds (its config, inputs and Prefect still loading) is a stop like
+    any other: exit 130 with a line saying so, not the shell's 143 in silence. The config is a FIFO, so
+    the signal comes while submit is reading it."""
+    import signal
+
+    config = tmp_path / "config.yaml"
+    os.mkfifo(config)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    process = subprocess.Popen([sys.executable, "-m", "specbatch.cli", "submit", str(data), "--config", str(config),
+                                "--output", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        with open(config, "w"):  # returns once submit has opened the config: it waits for the YAML now
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+    finally:
+        process.kill()
+        _, stderr = process.communicate()
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["interrupted before the job started; nothing was run"]
+    assert not (tmp_path / "out").exists()

@@ -106,14 +106,14 @@ def test_a_failed_or_killed_conversion_leaves_no_folder(tiny_gguf, cache, monkey
     file = tiny_gguf[0]
     real = gguf_models.convert_gguf
 
-    def dies_halfway(source: Path, out: Path) -> None:
+    def dies_halfway(source: Path, out: Path, *_) -> None:
         (out / "config.json").write_text("{}")  # half a folder
         raise RuntimeError("killed")
 
     monkeypatch.setattr(gguf_models, "convert_gguf", dies_halfway)
     with pytest.raises(RuntimeError, match="killed"):
         model_dir(str(file))
-    assert [p.name for p in cache.iterdir() if p.is_dir()] == []
+    assert list(cache.iterdir()) == []  # no folder, no snapshot, no lock file
     stale = cache / f".{gguf_models.file_sha256(file)[:16]}.dead"  # what kill -9 mid-conversion leaves
     stale.mkdir()
     monkeypatch.setattr(gguf_models, "convert_gguf", real)
@@ -125,10 +125,10 @@ def test_workers_starting_together_convert_once(tiny_gguf, monkeypatch):
     file = tiny_gguf[0]
     real, calls = gguf_models.convert_gguf, []
 
-    def slow(source: Path, out: Path) -> None:
+    def slow(source: Path, out: Path, *rest) -> None:
         calls.append(out)
         time.sleep(0.3)  # long enough for the other thread to wait on the lock
-        real(source, out)
+        real(source, out, *rest)
 
     monkeypatch.setattr(gguf_models, "convert_gguf", slow)
     folders: list[Path] = []
@@ -138,6 +138,76 @@ def test_workers_starting_together_convert_once(tiny_gguf, monkeypatch):
     for thread in threads:
         thread.join()
     assert len(calls) == 1 and len(folders) == 2 and folders[0] == folders[1]
+    assert not list(folders[0].parent.glob("*.lock"))  # the holder removed its lock file
+
+
+def _embedding(folder: Path) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")["model.embed_tokens.weight"]
+
+
+def test_a_file_changed_between_its_hash_and_its_conversion_never_fills_the_old_hash(tiny_gguf, tmp_path, cache,
+                                                                                    monkeypatch):
+    """The file is replaced right after it was hashed (a copy still landing, a model swapped as a job
+    starts): the bytes converted are hashed again, so each cache folder holds the weights its name says."""
+    file, _, tokenizer = tiny_gguf
+    old, new = tmp_path / "old.gguf", tmp_path / "new.gguf"
+    old.write_bytes(file.read_bytes())
+    write_llama_gguf(tiny_llama(tokenizer, seed=5), tokenizer, new)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(old.read_bytes())
+    old_hash, new_hash = (gguf_models.file_sha256(path)[:16] for path in (old, new))
+    real_hash = gguf_models.file_sha256
+
+    def replaced_after_hashing(path: Path) -> str:
+        digest = real_hash(path)
+        if path == model and model.read_bytes() == old.read_bytes():
+            model.write_bytes(new.read_bytes())
+        return digest
+
+    monkeypatch.setattr(gguf_models, "file_sha256", replaced_after_hashing)
+    folder = model_dir(str(model))
+    assert folder.name == new_hash and not (cache / old_hash).exists()
+    assert torch.equal(_embedding(folder), tiny_llama(tokenizer, seed=5).model.embed_tokens.weight)
+    model.write_bytes(old.read_bytes())  # the old bytes again: converted into their own folder
+    monkeypatch.setattr(gguf_models, "file_sha256", real_hash)
+    assert model_dir(str(model)).name == old_hash
+    assert torch.equal(_embedding(cache / old_hash), tiny_llama(tokenizer, seed=0).model.embed_tokens.weight)
+
+
+ABSURD = {"tensor_count": (8, 2**63 - 1), "key_count": (16, 2**62), "key_length": (24, 2**60), "truncated": None}
+
+
+def _absurd_gguf(path: Path, field: str) -> Path:
+    """A header-only GGUF with one header field made absurd (offsets: ggml's docs/gguf.md), or cut short."""
+    data = bytearray(write_header_only_gguf(path, gguf.MODEL_ARCH.LLAMA).read_bytes())
+    if ABSURD[field] is None:
+        del data[-16:]  # the last tensor's bytes end past the file
+    else:
+        offset, value = ABSURD[field]
+        data[offset: offset + 8] = value.to_bytes(8, "little")
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("field", ABSURD)
+def test_a_gguf_whose_header_cannot_fit_the_file_is_refused_by_the_path_check(tmp_path, field):
+    file = _absurd_gguf(tmp_path / "bad.gguf", field)
+    with pytest.raises(ModelLoadError, match=f"^model '{file}' is not a whole GGUF file: "):
+        resolve_model_path(str(file))
+
+
+def test_submit_of_a_gguf_with_absurd_counts_exits_2_in_one_line_and_leaves_no_job(tmp_path):
+    file = _absurd_gguf(tmp_path / "bad.gguf", "tensor_count")
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    done = subprocess.run([sys.executable, "-m", "specbatch.cli", "submit", str(dataset), "--set",
+                           f"models.target={file}", "--drafter", "none", "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "400", "SPECBATCH_CACHE_DIR": str(tmp_path / "cache")})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert f"declares {2**63 - 1} tensors" in lines[0] and not (tmp_path / "out").exists()
 
 
 def test_an_architecture_transformers_cannot_load_is_refused_with_the_reason(tmp_path, cache):

