@@ -42,7 +42,9 @@ def bench(
     workload: Annotated[str, typer.Option(help="heldout | shared-prefix (few-shot, system prompt + chat turn, "
                                                "document + question, interleaved) | fewshot | chat | document; "
                                                "for an instruct target: instruct (held-out code and chat "
-                                               "requests) | json (one extraction schema over many texts)")]
+                                               "requests) | json (one extraction schema over many texts) | "
+                                               "extraction (json's prompts under its schema, structured output) | "
+                                               "classification (code or prose, a choice constraint)")]
     = "heldout",
     prefix_tokens: Annotated[int, typer.Option(min=1, help="a shared-prefix workload's shared block")] = 560,
     suffix_tokens: Annotated[int, typer.Option(min=1, help="a shared-prefix workload's own part per prompt, "

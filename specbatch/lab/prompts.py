@@ -30,6 +30,7 @@ class BenchPrompt:
     domain: str
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
+    constraint: str | None = None  # structured output (`lab/constrained_workloads.py`), a Constraint as JSON
 
     @property
     def num_positions(self) -> int:
@@ -37,8 +38,8 @@ class BenchPrompt:
         return len(self.prompt_ids) + self.max_new_tokens
 
     def to_row(self) -> Row:
-        return Row(self.request_id, list(self.prompt_ids), SamplingParams(max_new_tokens=self.max_new_tokens),
-                   self.domain)
+        return Row(self.request_id, list(self.prompt_ids),
+                   SamplingParams(max_new_tokens=self.max_new_tokens, constraint=self.constraint), self.domain)
 
 
 def heldout_prompts(tokenizer: Any, num_prompts: int, max_new_tokens: int, *, min_new_tokens: int = 16,
