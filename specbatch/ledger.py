@@ -225,11 +225,17 @@ def read_table(job_dir: Location | Storage, table: str) -> pa.Table:
 
 def read_part(storage: Storage, key: str, columns: list[str] | None = None,
               schema: pa.Schema | None = None) -> pa.Table | None:
-    """One part file, or None (and a warning) when it is not valid Parquet. An I/O error is raised:
-    only a file known to be damaged may count as absent."""
+    """One part file, or None (and a warning) when it is not valid Parquet: `ArrowInvalid`, or on a
+    local disk any error but a missing or forbidden file (pyarrow raises a corrupt footer or page as
+    a plain `OSError`). Elsewhere an I/O error is raised: a network error is not damage, and only a
+    file known to be damaged may count as absent."""
     try:
         return storage.read_parquet(key, columns=columns, schema=schema)
-    except pa.ArrowInvalid as error:
+    except (FileNotFoundError, PermissionError):
+        raise
+    except (pa.ArrowInvalid, OSError) as error:
+        if not isinstance(error, pa.ArrowInvalid) and not storage.is_local:
+            raise
         log.warning("skipping damaged part file %s (%s); the next run of the job moves its part to "
                     "quarantine/ and runs its requests again", storage.url(key), error)
         return None

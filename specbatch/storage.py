@@ -144,10 +144,6 @@ class Storage:
         """The object's bytes; `FileNotFoundError` if it does not exist."""
         raise NotImplementedError
 
-    def read_tail(self, key: str, num_bytes: int) -> bytes | None:
-        """The last `num_bytes` of a file where that costs a seek (a local disk); None elsewhere."""
-        return None
-
     def version(self, key: str) -> str | None:
         """An opaque tag that changes whenever `key` is written (an object's ETag); None if it is absent."""
         raise NotImplementedError
@@ -232,11 +228,6 @@ class LocalStorage(Storage):
 
     def read_bytes(self, key: str) -> bytes:
         return (self.root / key).read_bytes()
-
-    def read_tail(self, key: str, num_bytes: int) -> bytes | None:
-        with open(self._path(key), "rb") as file:
-            file.seek(max(0, os.fstat(file.fileno()).st_size - num_bytes))
-            return file.read(num_bytes)
 
     def version(self, key: str) -> str | None:
         try:

@@ -130,12 +130,41 @@ def test_damaged_parts_are_skipped_by_readers_then_quarantined(tmp_path, caplog)
     assert damaged_parts(job_dir) == {} and quarantine_damaged_parts(job_dir) == []
 
 
+def _overwrite_inside(path: Path, where: str) -> None:
+    """16 bytes overwritten inside a part file, its size and trailing magic intact: in the footer's
+    metadata, or in the first data page's header."""
+    data = bytearray(path.read_bytes())
+    footer_bytes = int.from_bytes(data[-8:-4], "little")
+    at = len(data) - 8 - footer_bytes + 2 if where == "footer" else 4
+    data[at: at + 16] = b"\xff" * 16
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("where", ["footer", "page"])
+def test_a_part_overwritten_inside_is_skipped_then_quarantined(tmp_path, where):
+    from specbatch.report import connect
+
+    job_dir = tmp_path / "j"
+    first, hit = _commit_parts(job_dir, ["a", "b"])
+    _overwrite_inside(ledger.part_path(job_dir, "results", hit), where)
+    assert ledger.committed_request_ids(job_dir) == {"a"}  # a reader skips it, as any damaged file
+    assert ledger.read_table(job_dir, "results").column("request_id").to_pylist() == ["a"]
+    found = damaged_parts(job_dir, deep=True)
+    assert found == {hit: f"results/{hit}.parquet"}
+    assert damaged_parts(job_dir) == (found if where == "footer" else {})  # the footer alone: no page read
+    con = connect([job_dir])  # the report leaves it out instead of failing in DuckDB
+    assert con.execute("SELECT list(request_id) FROM results").fetchone()[0] == ["a"]
+    assert quarantine_damaged_parts(job_dir) == [hit]
+    assert ledger.committed_parts(job_dir) == [first] and (job_dir / "quarantine" / "results").is_dir()
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specbatch.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300, env={**os.environ, "COLUMNS": "200"})
 
 
-def test_a_damaged_part_wedges_nothing_status_report_and_resume(tmp_path, tiny_pair):
+@pytest.mark.parametrize("damage", ["emptied", "overwritten"])
+def test_a_damaged_part_wedges_nothing_status_report_and_resume(tmp_path, tiny_pair, damage):
     from specbatch.config import load_config
     from specbatch.job.flow import run_workers
     from specbatch.job.prepare import prepare
@@ -152,8 +181,12 @@ def test_a_damaged_part_wedges_nothing_status_report_and_resume(tmp_path, tiny_p
     run_workers.fn(str(job_dir))
     names = ledger.committed_parts(job_dir)
     assert len(names) >= 2
-    ledger.part_path(job_dir, "results", names[0]).write_bytes(b"")
-    ledger.part_path(job_dir, "rounds", names[1]).write_bytes(b"")
+    if damage == "emptied":
+        ledger.part_path(job_dir, "results", names[0]).write_bytes(b"")
+        ledger.part_path(job_dir, "rounds", names[1]).write_bytes(b"")
+    else:  # size and trailing magic intact: a results data page, a rounds footer
+        _overwrite_inside(ledger.part_path(job_dir, "results", names[0]), "page")
+        _overwrite_inside(ledger.part_path(job_dir, "rounds", names[1]), "footer")
     for command in (("status", str(job_dir)), ("report", str(job_dir))):
         done = _cli(*command, cwd=tmp_path)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr

@@ -103,7 +103,7 @@ def connect(
                               f"or a list ({''.join(special)!r}); rename or move it")
         try:
             committed = ledger.committed_parts(job_dir)
-            damaged = damaged_parts(job_dir, committed)
+            damaged = damaged_parts(job_dir, committed, deep=True)  # results read whole: DuckDB reads them anyway
         except Exception as error:  # an object store that cannot be reached or read
             raise ReportError(f"cannot read {job_dir}: {error}") from error
         for name, key in damaged.items():
