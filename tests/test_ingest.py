@@ -205,7 +205,39 @@ OPENAI_CORPUS: list[tuple[bytes, str | None]] = [
     (jl(custom_id="c-14", method="POST", url="/v1/completions", body={"prompt": "x", "max_tokens": 0}),
      "invalid_max_new_tokens"),
     (b"not json", "invalid_json"),
+    # what specbatch does not return is refused by name, not answered without it (issue 44)
+    (jl(custom_id="c-16", method="POST", url="/v1/chat/completions",
+        body={"messages": USER_HI, "logprobs": True, "top_logprobs": 3}), "unsupported_parameter"),
+    (jl(custom_id="c-17", method="POST", url="/v1/completions", body={"prompt": "x", "logprobs": 0}),
+     "unsupported_parameter"),
+    (jl(custom_id="c-18", method="POST", url="/v1/chat/completions",
+        body={"messages": USER_HI, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+     "unsupported_parameter"),
+    (jl(custom_id="c-19", method="POST", url="/v1/completions", body={"prompt": "x", "stream": True}),
+     "unsupported_parameter"),
+    (jl(custom_id="c-20", method="POST", url="/v1/completions", body={"prompt": "x", "presence_penalty": 0.5}),
+     "unsupported_parameter"),
+    (jl(custom_id="c-21", method="POST", url="/v1/completions",  # defaults ask for nothing: kept as metadata
+        body={"prompt": "x", "logprobs": False, "stream": False, "tools": [], "presence_penalty": 0,
+              "tool_choice": "none", "user": "u"}), None),
 ]
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ({"logprobs": True}, "body.logprobs (boolean True) asks for log probabilities"),
+    ({"top_logprobs": 5}, "body.top_logprobs"), ({"echo": True}, "body.echo"), ({"best_of": 3}, "body.best_of"),
+    ({"stream": True, "stream_options": {"include_usage": True}},
+     "body.stream (boolean True) asks for a streamed response"),
+    ({"tool_choice": "required"}, "body.tool_choice"), ({"functions": [{"name": "f"}]}, "body.functions"),
+    ({"frequency_penalty": -1.0}, "body.frequency_penalty"), ({"logit_bias": {"50256": -100}}, "body.logit_bias"),
+    ({"top_k": 40}, "body.top_k"), ({"modalities": ["text", "audio"]}, "body.modalities"),
+])
+def test_an_openai_parameter_specbatch_does_not_honour_drops_its_record_by_name(body, named) -> None:
+    from specbatch.config import SamplingDefaults
+
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", **body}}
+    request = Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))
+    assert request.drop_reason == "unsupported_parameter" and named in (request.drop_message or ""), request
 
 
 def test_openai_batch_corpus(tmp_path: Path) -> None:

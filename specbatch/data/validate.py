@@ -20,6 +20,7 @@ from typing import Any
 from specbatch.config import SamplingDefaults
 from specbatch.data.constraints import ConstraintChecker, ConstraintError, parse_constraint
 from specbatch.data.ingest import FIELDS, MAX_RECORD_BYTES, RawRecord
+from specbatch.data.openai_params import unhonoured
 
 _Split = tuple[dict[str, Any], dict[str, Any]]  # (known fields by our names, unknown fields)
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -57,7 +58,7 @@ DROP_REASONS: dict[str, str] = {
     "unsupported_method": "an OpenAI batch line whose method is not POST",
     "unsupported_endpoint": "an OpenAI batch url other than /v1/completions or /v1/chat/completions",
     "invalid_body": "an OpenAI batch body that is not an object, or holds the other endpoint's input",
-    "unsupported_parameter": "a parameter value specbatch cannot honour (n > 1)",
+    "unsupported_parameter": "a parameter value specbatch cannot honour (n > 1, logprobs, tools, stream, ...)",
     "prompt_too_long": "the prompt has more tokens than the model context / KV capacity allows",
     "invalid_constraint": "response_format / json_schema / regex / choice / grammar is malformed or does not compile",
 }
@@ -269,6 +270,10 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
     n = body.get("n")
     if n is not None and (type(n) is not int or n != 1):
         raise Drop("unsupported_parameter", f"n must be 1 (one completion per request), got {_describe(n)}")
+    if (refused := unhonoured(body)) is not None:
+        name, what = refused
+        raise Drop("unsupported_parameter", f"body.{name} ({_describe(body[name])}) asks for {what}, which specbatch "
+                                            "does not do; remove it or give its default")
     max_tokens = body.get("max_completion_tokens")
     return {
         wanted: body.get(wanted),
