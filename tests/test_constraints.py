@@ -53,6 +53,8 @@ def test_each_record_field_becomes_one_constraint():
     assert parse_constraint({"choice": ["a", "b"]}).kind == "choice"
     assert parse_constraint({"grammar": 'root ::= "yes" | "no"'}).text.strip().endswith('"no"')  # GBNF -> Lark
     assert parse_constraint({}) is None
+    ordered = parse_constraint({"json_schema": {"properties": {"z": {}, "a": {}}}}).text
+    assert ordered.index('"z"') < ordered.index('"a"')  # the schema's key order is the output's
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -50,7 +50,7 @@ class ConstraintError(ValueError):
 @dataclass(frozen=True)
 class Constraint:
     kind: ConstraintKind
-    text: str  # canonical: schema JSON (sorted keys), regex, choice list JSON, Lark grammar
+    text: str  # schema JSON (its properties in the record's order: the output's), regex, choice list JSON, Lark
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "text": self.text}, ensure_ascii=False)
@@ -125,7 +125,7 @@ def _unwrap_schema(value: Any) -> Any:
 def _schema(schema: Any) -> Constraint:
     if not isinstance(schema, dict):
         raise ConstraintError("a JSON schema must be an object")
-    return Constraint("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False))
+    return Constraint("json_schema", json.dumps(schema, ensure_ascii=False))  # key order kept: it orders the output
 
 
 def _choice(value: Any) -> Constraint:
