@@ -199,6 +199,20 @@ def test_greedy_under_constraints_with_an_eagle_head(tiny_pair, tiny_eagle, cons
     assert all(row.finish_reason in ("eos", "length") for row in rows.values())
 
 
+@pytest.mark.parametrize("drafter", ["draft", "ngram"])
+def test_gumbel_sampled_text_under_constraints_is_the_targets_own(tiny_pair, constrained_requests, drafter):
+    """With the gumbel coupling a sampled row's text is the masked target's own seeded sample: the
+    same with a drafter at batch 4 as plain decoding one row at a time."""
+    models, requests, constraints, _ = constrained_requests
+    outputs = []
+    for settings in ((f"drafter.kind={drafter}", "scheduler.max_batch_rows=4"),
+                     ("drafter.kind=none", "scheduler.max_batch_rows=1")):
+        config = tiny_config(tiny_pair, "sampling.coupling=gumbel", *settings)
+        rows, _ = run_constrained(config, models, requests, constraints, temperature=1.0, seed=3)
+        outputs.append({request_id: row.output_ids for request_id, row in rows.items()})
+    assert outputs[0] == outputs[1]
+
+
 def test_preempted_constrained_rows_resume_exactly(tiny_pair, constrained_requests):
     models, requests, constraints, refs = constrained_requests
     config = tiny_config(tiny_pair, "capacity.kv_tokens=90", "capacity.admission=optimistic",
