@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from test_pass_profile import recorded
 
 from specbatch.config import load_config
@@ -138,3 +139,13 @@ def test_a_losing_comparison_costs_at_most_its_share_of_the_engine_time():
     for seed in range(4):
         bounded, unbounded = _gate_loss_share(0.02, 400, seed), _gate_loss_share(1e9, 400, seed)
         assert bounded <= 0.025 < unbounded  # 2 %, and the round that crossed it
+
+
+def test_simulate_takes_each_drafters_acceptance_scale():
+    from specbatch.cli.lab import _alpha_scales
+
+    assert _alpha_scales("suffix=1, ngram=0.5") == (("suffix", 1.0), ("ngram", 0.5))
+    assert _alpha_scales("") == ()
+    for bad in ("suffix", "ngram=x", "=1", "draft=-1"):
+        with pytest.raises(ValueError, match="--drafter-alpha"):
+            _alpha_scales(bad)

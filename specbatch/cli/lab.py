@@ -130,6 +130,8 @@ def simulate(
                                                 "round-to-round swings); 0: every round takes its price")] = 0.0,
     shared_prefix: Annotated[str, typer.Option(help="TOKENS[:PREFIXES]: prompts open with one of PREFIXES shared "
                                                "blocks of TOKENS tokens (cache.prefix copies them); 0: none")] = "0",
+    drafter_alpha: Annotated[str, typer.Option(help="KIND=SCALE,...: with several drafters (drafter.kind), a "
+                                               "row's α under KIND is its α times SCALE (default 1)")] = "",
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
 ) -> None:
     """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
@@ -143,13 +145,28 @@ def simulate(
         if not tokens.isdigit() or not (num_prefixes or "1").isdigit():
             raise ValueError(f"--shared-prefix takes TOKENS[:PREFIXES] in whole numbers, not {shared_prefix!r}")
         options = SimOptions(timing_noise=timing_noise, shared_prefix_tokens=int(tokens),
-                             num_prefixes=int(num_prefixes or 1))
+                             num_prefixes=int(num_prefixes or 1), drafter_alpha_scale=_alpha_scales(drafter_alpha))
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
                                   output, seed=seed, acceptance=acceptance, cost_model=cost_model,
                                   options=options, console=console)
     except (ConfigError, ValueError, FileNotFoundError) as error:
         fail(str(error))
     console.print(f"comparison: {study.comparison_md}")
+
+
+def _alpha_scales(listed: str) -> tuple[tuple[str, float], ...]:
+    """`suffix=1,ngram=0.5` → (("suffix", 1.0), ("ngram", 0.5))."""
+    scales = []
+    for item in _names(listed):
+        kind, _, value = item.partition("=")
+        try:
+            scale = float(value)
+        except ValueError:
+            scale = -1.0
+        if not kind.strip() or scale < 0:
+            raise ValueError(f"--drafter-alpha takes KIND=SCALE (SCALE >= 0) separated by commas, not {item!r}")
+        scales.append((kind.strip(), scale))
+    return tuple(scales)
 
 
 @commands.command("queue-lab")

@@ -161,10 +161,10 @@ class DraftGate:
     After a plain choice the interval is at least long enough that the next comparison's catch-up
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
     Nothing is compared while the round-time model has not measured drafting (`learning`).
-    Comparing has a price (issue 43): drafting's losses while comparing (its rounds' time beyond what
-    plain decoding takes for their tokens, its catch-ups included) may cost `max_loss_share` of the
-    engine time so far; past it a comparison drafting is losing ends at once (the point estimate
-    decides), and after a plain choice the next one waits until the share is back under.
+    Comparing has a price (issue 43): drafting's losses while comparing (its rounds' time, catch-ups
+    included, beyond what plain decoding takes for their tokens) may cost `max_loss_share` of the engine time so
+    far; past it a comparison drafting is losing by a standard error ends at once, and after a plain
+    choice the next one waits until the share is back under.
 
     Invariant: the gate only chooses between the policy's drafts and none; it never changes what a
     row outputs, and a wrong call costs at most the next interval."""
@@ -230,7 +230,7 @@ class DraftGate:
                 self._skip_drafting = not self.drafts  # after plain rounds the draft cache lags
                 self.comparing, self.drafts = True, not self.drafts
             return
-        if self.drafts:  # the catch-up round too: drafting pays it
+        if self.drafts:  # its catch-up round too: drafting pays it
             self._drafting[0] += num_committed
             self._drafting[1] += round_ms
         if self.catches_up:
@@ -279,10 +279,10 @@ class DraftGate:
 
     def _settled(self) -> bool:
         drafting, plain = self._sums[True], self._sums[False]
-        if self._compared[True] and self._compared[False] and self.over_budget and drafting.rate < plain.rate:
-            return True  # a losing comparison stops at its price
         if min(self._compared.values()) < self.min_compare_rounds:
             return False
+        if self.over_budget and drafting.rate < plain.rate - (drafting.variance + plain.variance) ** 0.5:
+            return True  # a comparison drafting is losing (by a standard error) stops at its price
         if min(self._compared.values()) >= self.interval // self.max_compare_share:
             return True
         gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate

@@ -178,10 +178,11 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
         return
     rows = [row for row, _ in plan.decode]
     round_cost, max_start = ctx.round_cost, max(row.num_computed for row in rows)
+    models = [ctx.drafts_with_model(row) for row in rows]
     plan.plain_ms = round_cost.decode_ms(DecodeShape(len(rows), max_start))
-    plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode]))
+    plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode], models))
     plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, max_start,
-                                          [ctx.drafts_with_model(row) for row in rows])
+                                          models)
 
 
 def no_alpha_pays(round_cost: RoundCostModel, num_rows: int, max_start: int, max_k: int,

@@ -35,18 +35,20 @@ class DecodeShape:
     sum_k: int = 0
 
     @classmethod
-    def of(cls, rows: list[Row], ks: list[int]) -> DecodeShape:
+    def of(cls, rows: list[Row], ks: list[int], models: list[bool] | None = None) -> DecodeShape:
+        """`models[i]`: whether row i's drafts come from a draft model (default: every row's); a row
+        drafting by lookup, in a job of several drafters, adds verify positions only."""
         shape = cls()
-        for row, k in zip(rows, ks, strict=True):
-            shape.add(row.num_computed, k, draft_lag(row) if k else 0)
+        for i, (row, k) in enumerate(zip(rows, ks, strict=True)):
+            shape.add(row.num_computed, k, draft_lag(row) if k else 0, models is None or models[i])
         return shape
 
-    def add(self, start: int, k: int, lag: float = 0) -> None:
-        """One more row; its draft-cache lag counts only if it drafts (k ≥ 1)."""
+    def add(self, start: int, k: int, lag: float = 0, model: bool = True) -> None:
+        """One more row; its draft-cache lag counts only if it drafts (k ≥ 1) with a model."""
         self.num_rows += 1
         self.max_start = max(self.max_start, start)
         self.max_k = max(self.max_k, k)
-        if k > 0:
+        if k > 0 and model:
             self.num_drafting += 1
             self.max_lag = max(self.max_lag, lag)
             self.sum_k += k

@@ -79,6 +79,8 @@ class SimOptions:
     # i mod num_prefixes), then a part of their own; 0: no two prompts share anything
     shared_prefix_tokens: int = 0
     num_prefixes: int = 1
+    # a job of several drafters (drafter.kind): a row's α under drafter d is its α times this (1 if absent)
+    drafter_alpha_scale: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.step_sample_every < 0 or self.records_per_part < 1:
@@ -136,7 +138,8 @@ def simulate(
     state = _State([], options, sim_max_context(config) - 1, progress=progress)
     sampled = None if options.step_sample_every == 1 else state.sampled
     state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model,
-                                options.timing_noise, options.shared_prefix_tokens > 0)
+                                options.timing_noise, options.shared_prefix_tokens > 0,
+                                dict(options.drafter_alpha_scale))
                      for w in range(options.workers)]
     state.in_busy = [False] * options.workers
     collector = SummaryCollector(len(requests), math.ceil(options.warmup_fraction * len(requests)))

@@ -167,10 +167,11 @@ def new_worker(
     scheduler_cost: CostModel | None = None,
     timing_noise: float = 0.0,
     shared_prefixes: bool = False,
+    drafter_alpha_scale: Mapping[str, float] | None = None,
 ) -> SimWorker:
     """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
     writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
     recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
     engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost,
-                                     timing_noise, shared_prefixes)
+                                     timing_noise, shared_prefixes, drafter_alpha_scale)
     return SimWorker(worker_id, engine, clock, writer)
