@@ -3,13 +3,15 @@ streams, so it continues exactly as the uninterrupted run would."""
 
 from __future__ import annotations
 
-import pickle
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from specbatch.models.checkpoint import load_training_state, save_training_state
+from specbatch.models.checkpoint import CheckpointError, load_training_state, save_training_state
 
 
 def _setup(seed: int):
@@ -69,6 +71,21 @@ def test_a_planted_checkpoint_runs_no_code(tmp_path):
     _, optimizer, schedule, rng = _setup(0)
     torch.save({"weights": {}, "optimizer": _Planted(), "schedule": {}, "rng": [], "torch_rng": None,
                 "step": 0, "elapsed_s": 0.0}, tmp_path / "distill-checkpoint.pt")
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(CheckpointError, match="distill-checkpoint.pt is not a checkpoint this recipe wrote") as refused:
         load_training_state(tmp_path / "distill-checkpoint.pt", optimizer, schedule, rng)
-    assert not _Planted.ran
+    assert not _Planted.ran and len(str(refused.value).splitlines()) == 1
+
+
+@pytest.mark.slow  # loads the bundled target first (~20 s on 2 busy cores); the refusal itself is tested above
+def test_a_planted_checkpoint_is_refused_by_the_cli_in_one_line(tmp_path):
+    """`specbatch models distill-draft` resuming from a folder with a planted pickle: exit 2, one line."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    torch.save({"planted": _Planted()}, checkpoints / "continuations.pt")
+    done = subprocess.run([sys.executable, "-m", "specbatch.cli", "models", "distill-draft", "--output",
+                           str(tmp_path / "out"), "--checkpoints", str(checkpoints), "--steps", "1"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].startswith("error:") and "continuations.pt is not a checkpoint this recipe wrote" in lines[0]
+    assert "GLOBAL test_training_state._mark_ran" in lines[0]  # what the planted file asked for

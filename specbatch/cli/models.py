@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, cast
 
@@ -49,9 +51,10 @@ def train_demo(
     recipe = Recipe()
     recipe = replace(recipe, target_steps=target_steps or recipe.target_steps,
                      draft_steps=draft_steps or recipe.draft_steps)
-    train(output, recipe)
     distillation = DistillRecipe()
-    card = distill_bundled(output, checkpoints, replace(distillation, steps=distill_steps or distillation.steps))
+    with _checkpoint_refusals():
+        train(output, recipe)
+        card = distill_bundled(output, checkpoints, replace(distillation, steps=distill_steps or distillation.steps))
     write_model_card(output, card)
     console.print(f"trained pair written to {output}")
 
@@ -84,7 +87,8 @@ def train_eagle(
     except ModelLoadError as error:
         fail(str(error))
     checkpoints.mkdir(parents=True, exist_ok=True)
-    card = train(target, output, checkpoints, recipe)
+    with _checkpoint_refusals():
+        card = train(target, output, checkpoints, recipe)
     console.print(f"EAGLE head written to {output}: held-out agreement {card['heldout']}")
 
 
@@ -110,6 +114,18 @@ def distill_draft(
     recipe = DistillRecipe()
     recipe = replace(recipe, steps=steps or recipe.steps,
                      draft=ModelShape(hidden, layers, max(1, hidden // 64), 3 * hidden))
-    card = distill(target, output, checkpoints, recipe, init)
+    with _checkpoint_refusals():
+        card = distill(target, output, checkpoints, recipe, init)
     (output / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     console.print(f"distilled draft written to {output}: held-out greedy {card['greedy']}")
+
+
+@contextmanager
+def _checkpoint_refusals() -> Iterator[None]:
+    """A file in the checkpoint folder that is not plain training state: one line, exit 2."""
+    from specbatch.models.checkpoint import CheckpointError
+
+    try:
+        yield
+    except CheckpointError as error:
+        fail(str(error))

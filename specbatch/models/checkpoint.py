@@ -9,10 +9,35 @@ recipe resumes from its folder."""
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
+
+
+class CheckpointError(ValueError):
+    """A file in a checkpoint folder that is not plain training state; the CLI prints it in one line (exit 2)."""
+
+
+def load_plain(path: Path) -> Any:
+    """`torch.load(weights_only=True)` of a file a recipe wrote: tensors, numbers, strings, containers.
+    Anything else (a pickle that would construct objects or run code) is refused with one line
+    naming the file, not torch's multi-line explanation."""
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise CheckpointError(f"{path} is not a checkpoint this recipe wrote ({_reason(error)}); remove it to start "
+                              "that step over") from None
+
+
+def _reason(error: Exception) -> str:
+    """The line of torch's message that says what was refused (it names the global a pickle asked for),
+    without its advice to load the file unsafely."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (named or lines or [type(error).__name__])[0].split(". ")[0].rstrip(".")
 
 
 def save_training_state(path: Path, weights: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
@@ -33,7 +58,7 @@ def load_training_state(path: Path, optimizer: torch.optim.Optimizer, schedule: 
     seconds) for the caller to load, or None when there is no checkpoint yet."""
     if not path.exists():
         return None
-    state = torch.load(path, weights_only=True)
+    state = load_plain(path)
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
     rng.setstate(_rng_from_list(state["rng"]))

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specbatch.models.checkpoint import load_training_state, save_training_state
+from specbatch.models.checkpoint import load_plain, load_training_state, save_training_state
 from specbatch.models.corpus import documents
 from specbatch.models.train_demo import (
     ModelShape,
@@ -82,7 +82,7 @@ def distill(target_dir: Path, output_dir: Path, checkpoint_dir: Path, recipe: Di
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     continuations_path = checkpoint_dir / "continuations.pt"
     if continuations_path.exists():
-        continuations = torch.load(continuations_path, weights_only=True)  # a tensor: no code runs on load
+        continuations = load_plain(continuations_path)  # a tensor: no code runs on load
     else:
         half = replace(recipe, num_continuations=recipe.num_continuations // 2)
         continuations = torch.cat([target_continuations(target, stream, half, rng) for stream in (code, prose)])

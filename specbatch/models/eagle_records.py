@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specbatch.models.checkpoint import load_plain
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ def cached_records(target: PreTrainedModel, prompts: list[list[int]], generation
             torch.save(rows, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").replace(path)
             log.info("%s: batch %d/%d generated", directory.name, index + 1, num_batches)
-        records.extend(Record(**row) for row in torch.load(path, weights_only=True))
+        records.extend(Record(**row) for row in load_plain(path))
     return records
 
 
