@@ -320,7 +320,7 @@ def _sample_two(grammar: GrammarRuntime, constraint: str, trial: int, drafter: s
         drafts = proposals.tokens[0]
         job = grammar.start_masks([row], proposals.tokens)
         logits = torch.stack([_target(history + tuple(drafts[:j]), vocab) for j in range(len(drafts) + 1)])
-        grammar.apply_masks(job, logits, [len(drafts) + 1], RoundOutcome())
+        grammar.apply_masks(job, logits, RoundOutcome())
         num_accepted, token = coupling.verify(row, drafts, proposals.draft_probs[0], logits)
         row.token_ids.extend(drafts[:num_accepted] + [token])  # the commit (positions past 2 never matter)
     grammar.release(row)

@@ -135,7 +135,7 @@ class HFBackend:
         if rows:
             assert logits is not None
             if self.grammar is not None:  # masks computed beside the pass, applied in place
-                self.grammar.apply_masks(masks, logits[:, : self.vocab_size], list(map(len, windows)), outcome)
+                self.grammar.apply_masks(masks, logits[:, : self.vocab_size], outcome)
             outcome.rows = self._accept(rows, ks, logits[:, : self.vocab_size], windows, proposals)
             if self.grammar is not None:
                 self.grammar.count_forced(outcome, proposals)

@@ -56,9 +56,8 @@ class _RowGrammar:
 
 @dataclass
 class _MaskJob:
-    future: Future[tuple[torch.Tensor, float]]  # the bitmask and the ms its fill took
-    rows: list[int]  # indices (in the verify batch) of constrained rows, in bitmask order
-    num_positions: int  # positions per row in the bitmask (1 + the longest kept draft)
+    future: Future[tuple[torch.Tensor, float]]  # the bitmask [len(positions), words] and the ms its fill took
+    positions: list[int]  # the verify logits' rows (flat positions) the bitmask's rows mask, in order
 
 
 class GrammarRuntime:
@@ -120,7 +119,7 @@ class GrammarRuntime:
         state = self.rows[row.request_id]
         bitmask = llguidance.torch.allocate_token_bitmask(1, self.vocab_size)
         llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, 0)
-        self._allow_eos_after_stop(bitmask[None])
+        self._allow_eos_after_stop(bitmask)
         bitmask = bitmask.to(logits.device)
         masked = apply_bitmask(logits[None], bitmask)[0]
         if bool(torch.isneginf(masked).all()):
@@ -158,56 +157,60 @@ class GrammarRuntime:
     # verify masks ------------------------------------------------------------------------------
     def start_masks(self, rows: list[Row], drafts: list[list[int]]) -> _MaskJob | None:
         """Masks for every verify position of the constrained rows, computed on a worker thread
-        (llguidance's pool, the GIL released) while the verify pass runs; None if no row is constrained."""
+        (llguidance's pool, the GIL released) while the verify pass runs; None if no row is constrained.
+        Row r's window in the verify logits is its pending token and its drafts: 1 + len(drafts[r])."""
+        offsets = [0]
+        for tokens in drafts:
+            offsets.append(offsets[-1] + 1 + len(tokens))
         indices = [index for index, row in enumerate(rows) if row.request_id in self.rows]
         if not indices:
             return None
+        work: list[tuple[Any, list[int]]] = []
+        positions: list[int] = []
         for index in indices:
-            self._rollback(self.rows[rows[index].request_id])
-        num_positions = 1 + max(len(drafts[index]) for index in indices)
-        work = [(self.rows[rows[index].request_id].matcher, drafts[index]) for index in indices]
-        future = self.thread.submit(self._fill, work, num_positions)
-        return _MaskJob(future, indices, num_positions)
+            state = self.rows[rows[index].request_id]
+            self._rollback(state)
+            work.append((state.matcher, drafts[index]))
+            positions.extend(range(offsets[index], offsets[index + 1]))
+        return _MaskJob(self.thread.submit(self._fill, work), positions)
 
-    def _fill(self, work: list[tuple[Any, list[int]]], num_positions: int) -> tuple[torch.Tensor, float]:
-        """bitmask [rows, num_positions, words]: row r's position j masks the token after its j-th draft;
-        and the fill's ms."""
+    def _fill(self, work: list[tuple[Any, list[int]]]) -> tuple[torch.Tensor, float]:
+        """bitmask [Σ (1 + len(drafts)), words]: each row's positions in turn, position j masking the
+        token after its j-th draft; and the fill's ms."""
         started = time.perf_counter()
-        bitmask = llguidance.torch.allocate_token_bitmask(len(work) * num_positions, self.vocab_size)
-        with_drafts = [(matcher, r * num_positions, tokens) for r, (matcher, tokens) in enumerate(work) if tokens]
-        plain = [(matcher, r * num_positions) for r, (matcher, tokens) in enumerate(work) if not tokens]
+        firsts = [0]
+        for _, tokens in work:
+            firsts.append(firsts[-1] + 1 + len(tokens))
+        bitmask = llguidance.torch.allocate_token_bitmask(firsts[-1], self.vocab_size)
+        rows = list(zip(work, firsts[:-1], strict=True))
+        with_drafts = [(matcher, first, tokens) for (matcher, tokens), first in rows if tokens]
+        plain = [(matcher, first) for (matcher, tokens), first in rows if not tokens]
         if with_drafts:
             llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(self.executor, with_drafts, bitmask)
         if plain:
             llguidance.torch.fill_next_token_bitmask_par(self.executor, plain, bitmask)
-        bitmask = bitmask.view(len(work), num_positions, -1)
         self._allow_eos_after_stop(bitmask)
         return bitmask, ms_since(started)
 
     def _allow_eos_after_stop(self, bitmask: torch.Tensor) -> None:
         """A position after the grammar stopped (past an accepted EOS) has no allowed token; its
-        token is discarded by the stop rule, so it gets EOS rather than an empty (NaN) law."""
-        empty = (bitmask == 0).all(dim=-1)  # [rows, positions]
+        token is discarded by the stop rule, so it gets EOS rather than an empty (NaN) law.
+        bitmask: [positions, words]."""
+        empty = (bitmask == 0).all(dim=-1)  # [positions]
         if bool(empty.any()):
             word, bit = divmod(self.eos_token_id, 32)
-            bitmask[..., word][empty] = 1 << bit if bit < 31 else -(1 << 31)
+            bitmask[empty, word] = 1 << bit if bit < 31 else -(1 << 31)
 
-    def apply_masks(self, job: _MaskJob | None, logits: torch.Tensor, widths: list[int], outcome: RoundOutcome
-                    ) -> None:
-        """Wait for the masks and apply them in place on the verify logits [Σ widths, vocab] (row r's
-        window of widths[r] positions after the rows before it). Into the outcome: `mask_ms`, the
-        fill's time (beside the pass), and `mask_wait_ms`, the wait and the applying (not hidden)."""
+    def apply_masks(self, job: _MaskJob | None, logits: torch.Tensor, outcome: RoundOutcome) -> None:
+        """Wait for the masks and apply them in place on the verify logits [Σ windows, vocab] (every
+        constrained row's positions at once: one gather, one fill, one scatter). Into the outcome:
+        `mask_ms`, the fill's time (beside the pass), and `mask_wait_ms`, the wait and the applying."""
         if job is None:
             return
         started = time.perf_counter()
         bitmask, outcome.mask_ms = job.future.result()
-        bitmask = bitmask.to(logits.device, non_blocking=True)
-        offsets = [0]
-        for width in widths:
-            offsets.append(offsets[-1] + width)
-        for slot, index in enumerate(job.rows):
-            view = logits[offsets[index] : offsets[index + 1]]
-            view.copy_(apply_bitmask(view, bitmask[slot, : view.shape[0]]))
+        positions = torch.tensor(job.positions, device=logits.device)
+        logits[positions] = apply_bitmask(logits[positions], bitmask.to(logits.device, non_blocking=True))
         outcome.mask_wait_ms = ms_since(started)
 
     @staticmethod
