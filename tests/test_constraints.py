@@ -213,6 +213,19 @@ def test_gumbel_sampled_text_under_constraints_is_the_targets_own(tiny_pair, con
     assert outputs[0] == outputs[1]
 
 
+def test_a_constraint_that_fails_in_the_engine_drops_only_its_row(tiny_pair, constrained_requests):
+    """Ingest refuses such a record first; a row that reaches the engine anyway (no tokenizer at
+    ingest) fails alone, with the library's message, and its batch-mates finish as before."""
+    from specbatch.data.constraints import Constraint
+
+    models, requests, constraints, refs = constrained_requests
+    broken = Constraint("regex", "a(b").to_json()
+    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=4")
+    rows, _ = run_constrained(config, models, requests[:4], [broken, *constraints[1:4]])
+    assert rows["r0"].drop_reason == "failed" and "unclosed group" in rows["r0"].drop_message
+    assert [rows[f"r{i}"].output_ids for i in range(1, 4)] == refs[1:4]
+
+
 def test_preempted_constrained_rows_resume_exactly(tiny_pair, constrained_requests):
     models, requests, constraints, refs = constrained_requests
     config = tiny_config(tiny_pair, "capacity.kv_tokens=90", "capacity.admission=optimistic",

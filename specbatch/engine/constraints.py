@@ -82,9 +82,6 @@ class GrammarRuntime:
         return llguidance.LLExecutor(self.num_threads)
 
     # rows --------------------------------------------------------------------------------------
-    def constrains(self, row: Row) -> bool:
-        return row.params.constraint is not None
-
     def admit(self, row: Row) -> None:
         """Give a constrained row a matcher at the start of its output (`begin` replays what it has)."""
         if row.params.constraint is None or row.request_id in self.rows:
