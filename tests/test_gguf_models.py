@@ -327,3 +327,4 @@ def test_submit_of_an_unloadable_gguf_is_one_line_and_exit_2(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
     assert "architecture 'rwkv6'" in lines[0] and "not supported" in lines[0]
+    assert [p.name for p in (tmp_path / "out").glob("*") if not p.name.startswith(".")] == []  # no job directory
