@@ -114,7 +114,7 @@ class GrammarRuntime:
         Where the drafter gives every allowed token -inf (an EAGLE head's reduced vocabulary may lack
         them), the allowed tokens get equal logits: whatever law it draws from, q is that law."""
         state = self.rows[row.request_id]
-        bitmask = llguidance.torch.allocate_token_bitmask(1, self.vocab_size)
+        bitmask = self._bitmask(1)
         llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, 0)
         self._allow_eos_after_stop(bitmask)
         bitmask = bitmask.to(logits.device)
@@ -178,7 +178,7 @@ class GrammarRuntime:
         firsts = [0]
         for _, tokens in work:
             firsts.append(firsts[-1] + 1 + len(tokens))
-        bitmask = llguidance.torch.allocate_token_bitmask(firsts[-1], self.vocab_size)
+        bitmask = self._bitmask(firsts[-1])
         rows = list(zip(work, firsts[:-1], strict=True))
         with_drafts = [(matcher, first, tokens) for (matcher, tokens), first in rows if tokens]
         plain = [(matcher, first) for (matcher, tokens), first in rows if not tokens]
@@ -219,6 +219,12 @@ class GrammarRuntime:
             outcome.num_forced_accepted += min(num_forced, row_outcome.num_accepted)
 
     # internals ---------------------------------------------------------------------------------
+    def _bitmask(self, num_positions: int) -> torch.Tensor:
+        """An all-allowed bitmask [num_positions, words] (int32; llguidance's layout). Not its
+        allocate_token_bitmask, which pins the memory wherever CUDA exists: a page-locked allocation
+        per draft step for a mask the CPU fills and reads."""
+        return torch.full((num_positions, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
     def _rollback(self, state: _RowGrammar) -> None:
         if state.num_speculative:
             state.matcher.rollback(state.num_speculative)
