@@ -45,7 +45,9 @@ def test_a_drafter_that_does_not_pay_settles_to_plain_decoding(tmp_path):
     believed = tokens_per_s(tmp_path, EXPENSIVE_DRAFTS, CPU_DEMO_PROFILE, 0.5, "scheduler.lookahead=adaptive",
                             "scheduler.learn_cost=false")
     assert learnt >= 0.98 * plain
-    assert believed < 0.9 * plain  # the prior alone drafts at a loss: what learning fixes
+    # the prior alone drafts at a loss: what learning fixes (>10 % while the round-time model read every
+    # row's KV as the longest row's; 1 % since it prices each row's own, as flat passes read it)
+    assert believed < plain
 
 
 def test_a_drafter_that_pays_reaches_the_best_fixed_k(tmp_path):

@@ -17,7 +17,7 @@ from specbatch.sched.pass_profile import (
     save_profile,
     speedup_limit,
 )
-from specbatch.sched.roundcost import RoundCostModel
+from specbatch.sched.roundcost import DecodeShape, RoundCostModel
 
 # A model with known coefficients; recorded times are its predictions (± a fixed 1 % wobble)
 TRUE = CostModel(0.0, target_passes=20.0, target_rows=0.05, draft_passes=4.0, draft_rows=0.01,
@@ -73,24 +73,36 @@ def test_a_measured_prior_needs_no_probes():
 def test_speedup_limit_is_the_formula_at_the_best_k():
     # one row, only passes cost (no per-row price): T(K) = T(0), the limit is E(α, K) at K = cap
     flat = RoundCostModel(CostModel(0.0, 10.0, 0.0, 0.0, 0.0, 0.0), uses_draft_model=False)
-    limit, k = speedup_limit(flat, [0.5], [4], 0, [False])
+    limit, k = speedup_limit(flat, [0.5], [4], [0], [False])
     assert (limit, k) == (pytest.approx((1 - 0.5**5) / 0.5), 4)
     # rows cost as much as a pass: T(K)/T(0) = (10 + 10(1 + K)) / 20
     dear = RoundCostModel(CostModel(0.0, 10.0, 10.0, 0.0, 0.0, 0.0), uses_draft_model=False)
-    limit, k = speedup_limit(dear, [0.9], [8], 0, [False])
+    limit, k = speedup_limit(dear, [0.9], [8], [0], [False])
     expected = max((1 - 0.9 ** (j + 1)) / 0.1 / ((20 + 10 * j) / 20) for j in range(1, 9))
     assert limit == pytest.approx(expected) and k >= 1
-    assert speedup_limit(dear, [0.0], [8], 0, [False]) == (1.0, 0)
+    assert speedup_limit(dear, [0.0], [8], [0], [False]) == (1.0, 0)
 
 
 def test_no_alpha_pays_where_a_position_costs_as_much_as_a_token():
     # every extra position costs a whole plain round: (k + 1) tokens for (k + 1)x the time at best
     linear = RoundCostModel(CostModel(0.0, 0.0, 1.0, 0.0, 0.0, 0.0), uses_draft_model=False)
-    assert no_alpha_pays(linear, 8, 0, 4, uses_draft_model=False)
-    assert not no_alpha_pays(RoundCostModel(recorded().fit()), 8, 0, 4, uses_draft_model=True)
+    assert no_alpha_pays(linear, [0] * 8, 4, uses_draft_model=False)
+    assert not no_alpha_pays(RoundCostModel(recorded().fit()), [0] * 8, 4, uses_draft_model=True)
 
 
 def test_profile_json_names_its_fields():
     data = json.loads(recorded().to_json())
     assert set(data) == {"key", "description", "timings"}
     assert set(data["timings"][0]) == {"role", "num_rows", "query_len", "kv_len", "ms"}
+
+
+def test_a_flat_pass_prices_each_rows_own_kv_and_charges_every_row_to_the_largest_k():
+    cost = CostModel(1.0, 2.0, 0.5, 3.0, 0.25, 0.01)
+    flat = RoundCostModel(cost, flat=True)
+    shape = DecodeShape()
+    for start, k, lag in ((10, 2, 1), (30, 0, 0), (50, 3, 4)):
+        shape.add(start, k, lag)
+    # verify: 3 rows x (1 + 3) = 12 positions, KV Σ start 90 + 12; draft: 3 passes, lags 1 + 4 + Σ (k − 1) 3
+    assert flat.decode_ms(shape) == pytest.approx(1 + 2 + 0.5 * 12 + 0.01 * 102 + 3 * 3 + 0.25 * 8)
+    padded = RoundCostModel(cost)  # every row reads the longest row's KV, and step 0 pads to the largest lag
+    assert padded.decode_ms(shape) == pytest.approx(1 + 2 + 0.5 * 12 + 0.01 * 3 * 54 + 3 * 3 + 0.25 * (2 * 4 + 3))

@@ -96,7 +96,7 @@ class DraftControl:
 def _verify_too_dear(round_cost: RoundCostModel, plan: RoundPlan) -> bool:
     rows = [row for row, _ in plan.decode]
     limit, _ = speedup_limit(round_cost, [1.0] * len(rows), [PROBE_LOOKAHEAD] * len(rows),
-                             max(row.num_computed for row in rows), [False] * len(rows))
+                             [row.num_computed for row in rows], [False] * len(rows))
     return limit <= 1.0
 
 

@@ -11,8 +11,9 @@ with α_d the row's acceptance under d (its own rounds with d, shrunk toward the
 its domain, shrunk toward the prior) at its upper confidence bound, so that a drafter the row has not
 tried is tried; c_dr and c_dp a draft row's and a draft pass's price (a pass shared by the batch's n
 rows), the row's draft-cache lag spread over `switch_horizon` rounds. The best gain wins (ties: the
-first configured). Verify positions cost the same whichever drafter filled them, so they do not
-enter the choice; whether the row drafts at all, and how far, stays the lookahead policy's, which
+first configured). Verify positions cost the same whichever drafter filled them (the round-time model
+charges every row to the largest k), so they do not enter the choice; whether the row drafts at all,
+and how far, stays the lookahead policy's, which
 then reads the chosen drafter's α (`DrafterAlphas.alpha`) and prices draft-model work only for
 rows that use the model (`SchedContext.drafts_with_model`).
 """
@@ -95,23 +96,24 @@ def choose_drafters(alphas: AlphaTracker, round_cost: RoundCostModel, rows: list
     if not isinstance(alphas, DrafterAlphas) or len(alphas.kinds) < 2 or not rows:
         return
     num_rows = len(rows)
-    plain_rate = num_rows / round_cost.decode_ms(DecodeShape(num_rows, max(row.num_computed for row in rows)))
+    plain_rate = num_rows / round_cost.decode_ms(DecodeShape.of(rows, [0] * num_rows))
     row_price = plain_rate * round_cost.draft_position_ms  # tokens a draft position costs
     pass_price = plain_rate * round_cost.cost.draft_passes / num_rows if round_cost.uses_draft_model else 0.0
+    model_price = row_price + pass_price
     for row, cap in zip(rows, caps, strict=True):
         if cap <= 0:
             continue
-        lag = 1 + (draft_lag(row) - 1) / switch_horizon
+        model_lag = row_price * (draft_lag(row) - 1) / switch_horizon
         gains = [_gain(alphas.optimistic_alpha_of(row, kind, explore_z), cap,
-                       kind in alphas.model_kinds, row_price, pass_price, lag) for kind in alphas.kinds]
+                       *((model_price, model_lag) if kind in alphas.model_kinds else (0.0, 0.0)))
+                 for kind in alphas.kinds]
         row.drafter = alphas.kinds[max(range(len(gains)), key=lambda i: (gains[i], -i))]
 
 
-def _gain(alpha: float, cap: int, uses_model: bool, row_price: float, pass_price: float, lag: float) -> float:
-    """Expected tokens beyond plain decoding's one, less the draft work's price, at the best k ≤ cap."""
-    if not uses_model:
-        return expected_tokens(alpha, cap) - 1
-    return max(expected_tokens(alpha, k) - 1 - row_price * (k - 1 + lag) - pass_price * k for k in range(1, cap + 1))
+def _gain(alpha: float, cap: int, price: float, fixed: float) -> float:
+    """Expected tokens beyond plain decoding's one, less the drafts' price (`price` tokens a draft and
+    `fixed` once), at the best k ≤ cap."""
+    return max(expected_tokens(alpha, k) - 1 - price * k - fixed for k in range(1, cap + 1))
 
 
 def probe_with_model(alphas: AlphaTracker, row: Row | None) -> None:

@@ -112,7 +112,8 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
     # clock, and with fixed k (and the rejection coupling) the schedule is what fixes a seed's text
     learns = s.learn_cost and config.effective_lookahead.kind == "adaptive" and config.max_lookahead > 0
     round_cost = RoundCostModel(cost or resolve_cost_model(None, config), job_buckets(config),
-                                uses_draft_model=config.drafter.model_kind is not None)
+                                uses_draft_model=config.drafter.model_kind is not None,
+                                flat=True)  # the paged engine and the simulator run flat passes (issue 40)
     cost_fit = OnlineCostFit(round_cost.cost, draft_model=round_cost.uses_draft_model) if learns else None
     return SchedContext(round_cost, max_lookahead=config.max_lookahead, max_batch_rows=s.max_batch_rows,
                         max_round_tokens=s.max_round_tokens, tpot_slo_ms=s.tpot_slo_ms,

@@ -29,6 +29,8 @@ class _Batch:
     starts: list[int]
     lags: list[float]
     models: list[bool] = field(default_factory=list)
+    draft_ms: float = 0.0  # what a draft position costs the draft model (`RoundCostModel.draft_position_ms`)
+    flat: bool = False  # flat passes: a row's step 0 feeds its own lag, not the batch's largest
     log_alphas: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -36,6 +38,7 @@ class _Batch:
         self.models = self.models or [True] * len(self.alphas)
         self.lags = [lag if model else 0.0 for lag, model in zip(self.lags, self.models, strict=True)]
         self.max_start = max(self.starts, default=0)
+        self.sum_start = sum(self.starts)
         self.expected = [_expected_table(a, cap) for a, cap in zip(self.alphas, self.caps, strict=True)]
 
     @classmethod
@@ -48,16 +51,25 @@ class _Batch:
         alphas = [min(max(ctx.alphas.optimistic_alpha(r, explore_z), 1e-6), 1 - 1e-9) for r in rows]
         lags = [1 + (draft_lag(r) - 1) / min(horizon, max(1.0, r.num_new_tokens_left / (1 + alpha)))
                 for r, alpha in zip(rows, alphas, strict=True)]
-        return cls(alphas, list(caps), [r.num_computed for r in rows], lags, [ctx.drafts_with_model(r) for r in rows])
+        round_cost = ctx.round_cost
+        return cls(alphas, list(caps), [r.num_computed for r in rows], lags, [ctx.drafts_with_model(r) for r in rows],
+                   round_cost.draft_position_ms, round_cost.flat)
 
     def shape(self, ks: list[int]) -> DecodeShape:
         drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
         return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting),
-                           max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting))
+                           max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting),
+                           self.sum_start, sum(ks), sum(lag for _, lag in drafting))
 
-    def price(self, index: int, price: float) -> float:
-        """A draft position's price in tokens for row `index`: none for a row drafting by lookup."""
-        return price if self.models[index] else 0.0
+    def row_terms(self, index: int, rate: float, batch_lag: float = 0.0) -> tuple[float, float]:
+        """(tokens one more draft position of row `index` costs at `rate` tokens per ms, and its lag):
+        k drafts from a draft model cost the row price·(k − 1 + lag), the lag its own (flat passes) or
+        the batch's largest where step 0 pads to it (`batch_lag`). Verify positions are the batch's
+        (every row is charged to the largest k), so a lookup costs nothing here: (0, 0)."""
+        if not self.models[index] or self.draft_ms <= 0:
+            return 0.0, 0.0
+        lag = self.lags[index] if self.flat else max(batch_lag, self.lags[index])
+        return rate * self.draft_ms, lag
 
     def tokens(self, ks: list[int]) -> float:
         return sum(table[k] for table, k in zip(self.expected, ks, strict=True))
@@ -162,15 +174,14 @@ class AdaptiveLookahead:
         price and T_K the round with largest k K but no draft rows: at least Σ E − λ·T of every plan
         with largest k K (step 0 pads a row to at least its own lag), so ≤ 0 means none beats λ."""
         round_cost = self.ctx.round_cost
-        price = rate * round_cost.draft_position_ms
         gains = 0.0
-        for i, (table, a, log_a, cap, lag) in enumerate(zip(batch.expected, batch.alphas, batch.log_alphas,
-                                                            batch.caps, batch.lags, strict=True)):
-            row_price = batch.price(i, price)
-            k = _row_k(a, log_a, min(cap, k_max), row_price, lag)
+        for i, (table, a, log_a, cap) in enumerate(zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps,
+                                                       strict=True)):
+            price, lag = batch.row_terms(i, rate)
+            k = _row_k(a, log_a, min(cap, k_max), price, lag)
             if k:
-                gains += table[k] - 1 - row_price * (k - 1 + lag)
-        no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max)
+                gains += table[k] - 1 - price * (k - 1 + lag)
+        no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max, sum_start=batch.sum_start)
         return len(batch.caps) + gains - rate * round_cost.decode_ms(no_draft_rows)
 
     def _lag_limits(self, batch: _Batch, plain_rate: float) -> list[float]:
@@ -182,7 +193,7 @@ class AdaptiveLookahead:
         a batch beating plain decoding count: such a batch's λ is at least plain decoding's, and at
         that price (its verify padding left out) the row's drafts must repay its own lag."""
         round_cost = self.ctx.round_cost
-        if not round_cost.uses_draft_model:
+        if not round_cost.uses_draft_model or round_cost.flat:  # a flat step 0 pads no row's lag
             return [math.inf]
         price = plain_rate * round_cost.cost.draft_rows
         viable = {2.0 ** math.ceil(math.log2(lag))
@@ -198,16 +209,13 @@ class AdaptiveLookahead:
     def _solve_within(self, batch: _Batch, k_max: int, lag_limit: float) -> tuple[float, list[int]]:
         """(tokens per ms, ks) for a largest k of k_max, rows lagging by more than lag_limit not drafting."""
         round_cost = self.ctx.round_cost
-        price_per_position = round_cost.draft_position_ms
         caps = [min(cap, k_max) if lag <= lag_limit else 0 for cap, lag in zip(batch.caps, batch.lags, strict=True)]
         ks = caps
         shape = batch.shape(ks)
         rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
         for _ in range(self.num_iterations):
-            price = rate * price_per_position  # tokens one more draft position costs the batch
-            new_ks = [_row_k(a, log_a, cap, batch.price(i, price), max(shape.max_lag, lag) if batch.models[i] else 0)
-                      for i, (a, log_a, cap, lag) in enumerate(zip(batch.alphas, batch.log_alphas, caps, batch.lags,
-                                                                   strict=True))]
+            new_ks = [_row_k(a, log_a, cap, *batch.row_terms(i, rate, shape.max_lag))
+                      for i, (a, log_a, cap) in enumerate(zip(batch.alphas, batch.log_alphas, caps, strict=True))]
             if new_ks == ks:
                 break
             ks, shape = new_ks, batch.shape(new_ks)
@@ -272,6 +280,7 @@ class SlackLookahead:
 def _with_draft(shape: DecodeShape, k: int, lag: float) -> DecodeShape:
     """The shape after one row goes from k − 1 to k drafts."""
     first = k == 1
-    return replace(shape, max_k=max(shape.max_k, k), sum_k=shape.sum_k + 1,
+    return replace(shape, max_k=max(shape.max_k, k), sum_k=shape.sum_k + 1, sum_all_k=shape.sum_all_k + 1,
                    num_drafting=shape.num_drafting + int(first),
-                   max_lag=max(shape.max_lag, lag) if first else shape.max_lag)
+                   max_lag=max(shape.max_lag, lag) if first else shape.max_lag,
+                   sum_lag=shape.sum_lag + lag if first else shape.sum_lag)

@@ -115,7 +115,8 @@ class SpecbatchOrder(OrderBase):
         return ctx.stats.length_ratio(cls) * self._round_ms(ctx.num_running or ctx.max_batch_rows, k) / tokens
 
     def _round_ms(self, num_rows: int, k: int) -> float:
-        shape = DecodeShape(num_rows, 0, k, num_rows if k else 0, 1 if k else 0, num_rows * k)
+        shape = DecodeShape(num_rows, 0, k, num_rows if k else 0, 1 if k else 0, num_rows * k,
+                            sum_all_k=num_rows * k, sum_lag=num_rows if k else 0)
         return self.ctx.round_cost.decode_ms(shape)
 
     def key(self, row: Row, now_s: float) -> float:

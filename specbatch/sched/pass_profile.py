@@ -144,27 +144,31 @@ def save_profile(profile: PassProfile, directory: Path | None = None, fallback: 
     return model_path
 
 
-def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[int], max_start: int,
+def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[int], starts: list[int],
                   model_rows: list[bool] | None = None) -> tuple[float, int]:
     """(limit, best K): the speedup over plain decoding the model and the rows' α allow at the best
-    largest k (module docstring); (1.0, 0) where no K beats plain decoding. `model_rows[i]`: row i's
-    drafts come from a draft model (its rows and passes priced; lag 1), else they cost no draft work."""
+    largest k (module docstring), `starts` the rows' first query positions; (1.0, 0) where no K beats
+    plain decoding. `model_rows[i]`: row i's drafts come from a draft model (its rows and passes
+    priced; lag 1), else they cost no draft work."""
     num_rows = len(alphas)
     if not num_rows or max(caps, default=0) == 0:
         return 1.0, 0
     model_rows = model_rows if model_rows is not None else [True] * num_rows
-    plain_ms = round_cost.decode_ms(DecodeShape(num_rows, max_start))
+    max_start, sum_start = max(starts), sum(starts)
+    plain_ms = round_cost.decode_ms(DecodeShape(num_rows, max_start, sum_start=sum_start))
     best, best_k = 1.0, 0
     powers, tokens = [1.0] * num_rows, float(num_rows)  # α_i^K, Σ_i E(α_i, min(K, cap_i))
-    num_model, sum_model = 0, 0  # rows drafting with a model at K, and their drafts
+    num_model, sum_model, sum_all = 0, 0, 0  # rows drafting with a model at K, their drafts, every row's
     for k_max in range(1, max(caps) + 1):
         for i, (alpha, cap) in enumerate(zip(alphas, caps, strict=True)):
             if cap >= k_max:
                 powers[i] *= alpha
                 tokens += powers[i]
+                sum_all += 1
                 if model_rows[i]:
                     num_model, sum_model = num_model + (k_max == 1), sum_model + 1
-        shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model)
+        shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model, sum_start,
+                            sum_all, num_model)
         speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
         if speedup > best:
             best, best_k = speedup, k_max
@@ -177,17 +181,17 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
     if not plan.decode:
         return
     rows = [row for row, _ in plan.decode]
-    round_cost, max_start = ctx.round_cost, max(row.num_computed for row in rows)
+    round_cost, starts = ctx.round_cost, [row.num_computed for row in rows]
     models = [ctx.drafts_with_model(row) for row in rows]
-    plan.plain_ms = round_cost.decode_ms(DecodeShape(len(rows), max_start))
+    plan.plain_ms = round_cost.decode_ms(DecodeShape.of(rows, [0] * len(rows)))
     plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode], models))
-    plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, max_start,
+    plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, starts,
                                           models)
 
 
-def no_alpha_pays(round_cost: RoundCostModel, num_rows: int, max_start: int, max_k: int,
-                  uses_draft_model: bool) -> bool:
-    """Whether even drafts that are always accepted (α = 1) cannot beat plain decoding here."""
-    limit, _ = speedup_limit(round_cost, [1.0] * num_rows, [max_k] * num_rows, max_start,
-                             [uses_draft_model] * num_rows)
+def no_alpha_pays(round_cost: RoundCostModel, starts: list[int], max_k: int, uses_draft_model: bool) -> bool:
+    """Whether even drafts that are always accepted (α = 1) cannot beat plain decoding for rows
+    starting at `starts`."""
+    limit, _ = speedup_limit(round_cost, [1.0] * len(starts), [max_k] * len(starts), starts,
+                             [uses_draft_model] * len(starts))
     return limit <= 1.0

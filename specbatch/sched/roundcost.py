@@ -10,6 +10,16 @@ The shapes mirror what the backend computes (engine/forward.py, engine/drafters.
   A row that stops drafting lets its lag grow, so switching drafting back on costs real work here.
 - prefill pass: m rows padded to (m', max chunk'), plus one draft prefill pass of Σ chunk rows.
 
+`flat` (the paged engine, `engine/forward.py`, and the simulator since issue 40): every pass is one
+flat batch of real tokens, no row padded to another's length. Then
+- verify: every row is charged to the largest k, target rows = B·(1 + max k), and reads its own KV,
+  kv read = Σ start_i + B·(1 + max k); the round's prefill chunks ride in the same pass (no pass of
+  their own). Exact for plans whose rows share k, pessimistic for the others: sizing each row's k on
+  its own α̂ (Σ (1 + k_i) priced exactly) drafted rows on noise in that estimate, 3.5 % slower than
+  one k for the batch in a simulated job where drafting pays (tests/test_adaptive_learns_cost.py);
+- draft model: draft rows = Σ lag_i + Σ (k_i − 1) over the rows it drafts for, passes = max k.
+The plain round then prices each row's own KV, not the longest row's for every row.
+
 Every coefficient of the cost model is ≥ 0, so each prediction is monotone in rows, k and chunk size
 (the deadline prefill policy binary-searches over it).
 """
@@ -32,7 +42,10 @@ class DecodeShape:
     max_k: int = 0
     num_drafting: int = 0  # rows with k ≥ 1
     max_lag: float = 0  # largest draft-cache lag among drafting rows
-    sum_k: int = 0
+    sum_k: int = 0  # Σ k over drafting rows (those a draft model drafts for)
+    sum_start: int = 0  # Σ num_computed over rows (a flat pass reads each row's own KV)
+    sum_all_k: int = 0  # Σ k over every row, lookups' drafts too (a flat pass verifies each row's own)
+    sum_lag: float = 0  # Σ draft-cache lag over drafting rows (a flat draft step feeds each its own)
 
     @classmethod
     def of(cls, rows: list[Row], ks: list[int], models: list[bool] | None = None) -> DecodeShape:
@@ -48,9 +61,12 @@ class DecodeShape:
         self.num_rows += 1
         self.max_start = max(self.max_start, start)
         self.max_k = max(self.max_k, k)
+        self.sum_start += start
+        self.sum_all_k += k
         if k > 0 and model:
             self.num_drafting += 1
             self.max_lag = max(self.max_lag, lag)
+            self.sum_lag += lag
             self.sum_k += k
 
 
@@ -64,8 +80,9 @@ def draft_lag(row: Row) -> int:
 
 class RoundCostModel:
     def __init__(self, cost: CostModel, buckets: ShapeBuckets | None = None,
-                 uses_draft_model: bool = True) -> None:
+                 uses_draft_model: bool = True, flat: bool = False) -> None:
         self.cost, self.buckets, self.uses_draft_model = cost, buckets or ShapeBuckets(), uses_draft_model
+        self.flat = flat  # passes are flat batches of real tokens (module docstring)
 
     def verify_terms(self, num_rows: int, query_len: int, max_start: int) -> tuple[int, int]:
         """(target rows incl. padding, KV tokens read) of one pass over num_rows rows."""
@@ -77,20 +94,28 @@ class RoundCostModel:
         """Verify pass (+ drafting) of a batch; the intercept included."""
         if shape.num_rows == 0:
             return self.cost.intercept_ms
-        rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
+        if self.flat:
+            rows = shape.num_rows * (1 + shape.max_k)
+            kv = shape.sum_start + rows
+        else:
+            rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
         draft_passes, draft_positions = 0, 0.0
         if self.uses_draft_model and shape.max_k > 0 and shape.num_drafting > 0:  # (a lookup's drafts run no model)
             draft_passes = shape.max_k
-            draft_positions = shape.num_drafting * shape.max_lag + shape.sum_k - shape.num_drafting
+            lags = shape.sum_lag if self.flat else shape.num_drafting * shape.max_lag
+            draft_positions = lags + shape.sum_k - shape.num_drafting
         return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv)
 
     def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int) -> float:
         """What one prefill pass adds to a round (no intercept: the round pays that once)."""
         if num_rows == 0 or max_chunk <= 0:
             return 0.0
-        rows, kv = self.verify_terms(num_rows, max_chunk, max_start)
         c = self.cost
-        extra = c.target_passes + c.target_rows * rows + c.kv_tokens_read * kv
+        if self.flat:  # in the verify pass: its positions and their KV (each row read to at most max_start)
+            extra = c.target_rows * sum_chunk + c.kv_tokens_read * (num_rows * max_start + sum_chunk)
+        else:
+            rows, kv = self.verify_terms(num_rows, max_chunk, max_start)
+            extra = c.target_passes + c.target_rows * rows + c.kv_tokens_read * kv
         if self.uses_draft_model:
             extra += c.draft_passes + c.draft_rows * sum_chunk
         return extra
@@ -101,6 +126,8 @@ class RoundCostModel:
         sizes = [size for _, size in prefill]
         starts = [row.num_computed for row, _ in prefill]
         extra = self.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0), sum(sizes))
+        if self.flat and sizes and not decode:
+            extra += self.cost.target_passes  # a pass of prefill chunks alone
         return self.decode_ms(shape) + extra
 
     @property
