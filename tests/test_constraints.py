@@ -165,7 +165,7 @@ def run_constrained(config, models, requests, constraints, lookahead=None, **par
 
 @pytest.mark.parametrize("drafter, lookahead, batch", [
     ("draft", "fixed:4", 5), ("ngram", "mixed", 7), ("suffix", "fixed:3", 12), ("none", "fixed:4", 4),
-    ("draft", "mixed", 1)])
+    ("draft", "mixed", 1), ("suffix+ngram+draft", "fixed:4", 6)])
 def test_greedy_under_constraints_equals_masked_target(tiny_pair, constrained_requests, drafter, lookahead, batch):
     """Rows join and leave (batch < requests), acceptance differs per row (mixed k), forced drafts
     and cut drafts in the same rounds: every output is the masked target's own greedy decoding."""

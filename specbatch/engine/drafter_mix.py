@@ -35,6 +35,11 @@ class DrafterMix:
     def kind_of(self, row: Row) -> str:
         return row.drafter if row.drafter in self.drafters else self.default
 
+    def continue_after(self, row: Row, prefix: list[int], k: int) -> list[int]:
+        """The row's drafter's drafts after `prefix`, where it drafts from tokens alone (n-gram, suffix)."""
+        extend = getattr(self.drafters[self.kind_of(row)], "continue_after", None)
+        return extend(row, prefix, k) if extend is not None else []
+
     def prefill(self, rows: list[Row], caches: list[Any], starts: list[int], ends: list[int]) -> PassShape | None:
         shapes = [drafter.prefill(rows, caches, starts, ends) for drafter in self.drafters.values()]
         return next((shape for shape in shapes if shape is not None), None)  # at most one runs a model

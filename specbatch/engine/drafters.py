@@ -66,6 +66,11 @@ class NgramDrafter(NoDrafter):
         tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
 
+    def continue_after(self, row: Row, prefix: list[int], k: int) -> list[int]:
+        """Up to k drafts that follow the row's tokens and then `prefix` (drafts proposed ahead of
+        these: a grammar's forced tokens, `engine/forced_drafter.py`)."""
+        return self.lookup(row.token_ids + prefix, k)
+
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         for n in range(min(self.ngram_max, len(token_ids) - 1), self.ngram_min - 1, -1):
             suffix = token_ids[-n:]

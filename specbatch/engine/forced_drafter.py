@@ -5,9 +5,10 @@ only completion), llguidance names its tokens (`compute_ff_tokens`, the canonica
 the forced text, the only tokens its mask allows there). `ForcedDrafter` proposes them, up to the
 row's k, in place of the configured drafter's proposals for that row this round: point masses
 (q = 1) the target verifies like any draft, so the law stays exact, and under the masked target
-p(x) = 1 wherever the mask is a single token, so they are accepted. Rows with nothing forced draft
-with the configured drafter, from their own state (a draft model catches up on the forced tokens
-once they are committed, as on any lag).
+p(x) = 1 wherever the mask is a single token, so they are accepted. A drafter that drafts from
+tokens alone (n-gram, suffix: `continue_after`) continues after them up to k; a model drafter does
+not (it would first have to be fed them), and catches up on them once they are committed, as on any
+lag. Rows with nothing forced draft with the configured drafter.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ class ForcedDrafter:
         forced = [self.grammar.forced_tokens(row, k) for row, k in zip(rows, ks, strict=True)]
         inner_ks = [0 if tokens else k for tokens, k in zip(forced, ks, strict=True)]
         proposals = self.inner.propose(rows, inner_ks, caches, starts, coupling)
-        for index, tokens in enumerate(forced):
+        extend = getattr(self.inner, "continue_after", None)  # a drafter that drafts from tokens alone
+        for index, (row, k, tokens) in enumerate(zip(rows, ks, forced, strict=True)):
             if tokens:
-                proposals.tokens[index], proposals.draft_probs[index] = tokens, None  # point masses
+                after = extend(row, tokens, k - len(tokens)) if extend is not None and k > len(tokens) else []
+                proposals.tokens[index], proposals.draft_probs[index] = tokens + after, None  # point masses
         proposals.num_forced = [len(tokens) for tokens in forced]
         return proposals

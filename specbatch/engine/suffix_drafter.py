@@ -38,10 +38,16 @@ class SuffixDrafter(NoDrafter):
         tokens = [self.best_draft(row, k).token_ids if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
 
-    def best_draft(self, row: Row, k: int) -> SuffixDraft:
-        own = self._row_index(row).draft(row.token_ids, k, self.min_prob, self.spec_factor)
-        job = self.job_index.draft(row.token_ids, k, self.min_prob, self.spec_factor)
+    def best_draft(self, row: Row, k: int, prefix: list[int] | None = None) -> SuffixDraft:
+        """The better of the row's own and the job's draft of up to k tokens after the row's tokens,
+        and after `prefix` where given (drafts proposed ahead of these: a grammar's forced tokens)."""
+        context = row.token_ids + prefix if prefix else row.token_ids
+        own = self._row_index(row).draft(context, k, self.min_prob, self.spec_factor)
+        job = self.job_index.draft(context, k, self.min_prob, self.spec_factor)
         return job if job.score > own.score else own
+
+    def continue_after(self, row: Row, prefix: list[int], k: int) -> list[int]:
+        return self.best_draft(row, k, prefix).token_ids
 
     def _row_index(self, row: Row) -> GrowingSuffixIndex:
         """The row's index, brought up to all its tokens but the last: a context must not match
