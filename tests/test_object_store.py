@@ -347,6 +347,11 @@ def test_a_manifest_is_never_written_by_an_older_lease_holder(bucket, tmp_path):
     assert update_manifest(job_dir, lambda m: setattr(m, "status", "running"), epoch=3).lease_epoch == 3
     with pytest.raises(LeaseLostError, match="lease 3 while this run \\(lease 2\\)"):
         update_manifest(job_dir, lambda m: setattr(m, "status", "cancelled"), epoch=2)
+    stale = load_manifest(job_dir)
+    stale.status, stale.lease_epoch = "ingesting", 2  # a stale ingest's save, which loads nothing first
+    with pytest.raises(LeaseLostError, match="lease 3 while this run \\(lease 2\\)"):
+        save_manifest(job_dir, stale)
+    assert load_manifest(job_dir).status == "running"
     racing = []
 
     def change(manifest) -> None:  # another writer saves between this one's load and its save

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -43,7 +44,7 @@ from specbatch.engine.model_paths import gguf_file
 from specbatch.faults import crash_point
 from specbatch.job.lease import LeaseLostError
 from specbatch.ledger import parse_part_name
-from specbatch.storage import Location, fsync_dir, is_url, open_input, open_no_follow, open_storage
+from specbatch.storage import Location, Storage, fsync_dir, is_url, open_input, open_no_follow, open_storage
 
 if TYPE_CHECKING:
     from specbatch.data.shards import ShardInfo
@@ -234,7 +235,7 @@ def save_manifest(job_dir: Location, manifest: Manifest) -> None:
     """
     if is_url(job_dir):
         crash_point("manifest_write")
-        open_storage(job_dir).write_bytes(MANIFEST_NAME, manifest.model_dump_json(indent=2).encode())
+        _save_object_manifest(open_storage(job_dir), manifest)
         return
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -270,6 +271,34 @@ def update_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | N
         return manifest
 
 
+def _save_object_manifest(storage: Storage, manifest: Manifest) -> None:
+    """One PUT; with `manifest.lease_epoch` (the writer's), a conditional one that never replaces a
+    manifest a newer lease holder saved (ingest's saves, which load nothing first)."""
+    data = manifest.model_dump_json(indent=2).encode()
+    if not manifest.lease_epoch:
+        storage.write_bytes(MANIFEST_NAME, data)
+        return
+    for _ in range(_MAX_SAVE_TRIES):
+        version = storage.version(MANIFEST_NAME)
+        if version is not None:
+            try:
+                saved_by = int(json.loads(storage.read_text(MANIFEST_NAME)).get("lease_epoch") or 0)
+            except (ValueError, AttributeError, FileNotFoundError):  # not a manifest: nothing to respect
+                saved_by = 0
+            if saved_by > manifest.lease_epoch:
+                raise _stale(manifest.job_id, saved_by, manifest.lease_epoch)
+        if storage.write_if(MANIFEST_NAME, data, version):
+            return
+    raise LeaseLostError(f"{storage.url(MANIFEST_NAME)} kept changing under this run ({_MAX_SAVE_TRIES} tries): "
+                         "another runner writes this job")
+
+
+def _stale(job_id: str, saved_by: int, epoch: int) -> LeaseLostError:
+    return LeaseLostError(f"job {job_id}'s manifest was written by the runner of lease {saved_by} while this run "
+                          f"(lease {epoch}) stalled; this run stops without writing more, the other run owns the "
+                          "job now")
+
+
 def _update_object_manifest(job_dir: Location, change: Callable[[Manifest], Manifest | None],
                             epoch: int) -> Manifest:
     storage = open_storage(job_dir)
@@ -277,9 +306,7 @@ def _update_object_manifest(job_dir: Location, change: Callable[[Manifest], Mani
         version = storage.version(MANIFEST_NAME)  # before the read: a write in between fails the save
         manifest = load_manifest(job_dir)
         if epoch and manifest.lease_epoch > epoch:
-            raise LeaseLostError(f"job {manifest.job_id}'s manifest was written by the runner of lease "
-                                 f"{manifest.lease_epoch} while this run (lease {epoch}) stalled; this run stops "
-                                 "without writing more, the other run owns the job now")
+            raise _stale(manifest.job_id, manifest.lease_epoch, epoch)
         changed = change(manifest)
         manifest = manifest if changed is None else changed
         manifest.lease_epoch = max(manifest.lease_epoch, epoch)
