@@ -68,10 +68,10 @@ def test_one_drafter_chooses_nothing():
 
 
 def simulate(cost: CostModel, kinds: str = "suffix,ngram", scale: dict[str, float] | None = None,
-             num_requests: int = 24):
+             num_requests: int = 24, learn_cost: bool = False):
     """A simulated job of `kinds`, planning from `cost` (the fitted profile) and timed by it."""
     config = load_config(None, [f"drafter.kind={kinds}", "scheduler.lookahead=adaptive", "scheduler.max_batch_rows=8",
-                                "scheduler.learn_cost=false", "capacity.max_context=512"])
+                                f"scheduler.learn_cost={learn_cost}", "capacity.max_context=512"])
     outputs = {f"q{i}": (40 + i % 7, False) for i in range(num_requests)}
     recorder = MemoryRecorder()
     engine, _ = build_sim_engine(config, cost, DomainAcceptance({"*": (0.7, 20.0)}, seed=3), outputs, recorder,
@@ -117,6 +117,11 @@ def test_where_no_alpha_pays_nothing_drafts_and_nothing_probes():
     assert sum(r.num_proposed for r in recorder.rounds) == 0
     assert sum(r.num_draft_rows for r in recorder.rounds) == 0
     assert all(r.limit_speedup == 1.0 for r in recorder.rounds)
+    # learning the draft model's price on the run (an unmeasured prior): the verify pass alone is too
+    # dear for any drafts, so nothing probes it either
+    unmeasured = CostModel(0.0, 0.0, 5.0, 1.0, 0.1, 0.0)
+    recorder = simulate(unmeasured, kinds="draft", learn_cost=True)
+    assert sum(r.num_draft_rows + r.num_draft_passes for r in recorder.rounds) == 0
 
 
 def _gate_loss_share(max_loss_share: float, num_rounds: int, seed: int) -> float:

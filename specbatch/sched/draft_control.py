@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass, field
 
+from specbatch.config import MAX_LOOKAHEAD
 from specbatch.core import RoundPlan, Row
 from specbatch.records import RoundRecord
 from specbatch.sched.online_cost import OnlineCostFit
-from specbatch.sched.pass_profile import speedup_limit
+from specbatch.sched.pass_profile import no_alpha_pays
 from specbatch.sched.roundcost import RoundCostModel, draft_lag
 
 
@@ -57,11 +58,13 @@ class DraftControl:
         """The row a plan without drafts probes for, if it should probe: by turns the one whose draft
         cache lags least (the cheapest probe) and the one that lags most (probes of one lag alone
         cannot tell a draft pass's price from a row's). Never where `round_cost` says that drafts
-        always accepted and free to draft could not beat plain decoding (the verify pass alone is too
-        dear: no α could pay, so drafting's price need not be learnt)."""
+        always accepted and free to draft could not beat plain decoding by the gate's margin (the
+        verify pass alone is too dear: no α could pay, so drafting's price need not be learnt)."""
         if not plan.decode or not self.wants_probe or any(k for _, k in plan.decode):
             return None
-        if round_cost is not None and _verify_too_dear(round_cost, plan):
+        starts = [row.num_computed for row, _ in plan.decode]
+        margin = self.gate.margin if self.gate is not None else 0.0  # what drafting must win by to be chosen
+        if round_cost is not None and no_alpha_pays(round_cost, starts, MAX_LOOKAHEAD, False, margin):
             return None
         self.num_probes += 1
         return (min if self.num_probes % 2 else max)((row for row, _ in plan.decode), key=draft_lag)
@@ -91,16 +94,6 @@ class DraftControl:
             self.gate.observe(record.num_decode_rows, record.num_committed, round_ms, learning,
                               self.full_catch_up_ms, record.num_prefill_rows)
             self.gate.charge_drafting(draft_prefill_ms)
-
-
-def _verify_too_dear(round_cost: RoundCostModel, plan: RoundPlan) -> bool:
-    rows = [row for row, _ in plan.decode]
-    limit, _ = speedup_limit(round_cost, [1.0] * len(rows), [PROBE_LOOKAHEAD] * len(rows),
-                             [row.num_computed for row in rows], [False] * len(rows))
-    return limit <= 1.0
-
-
-PROBE_LOOKAHEAD = 16  # drafts a row may verify (config.MAX_LOOKAHEAD): more only favour drafting at α = 1
 
 
 @dataclass

@@ -189,9 +189,11 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
                                           models)
 
 
-def no_alpha_pays(round_cost: RoundCostModel, starts: list[int], max_k: int, uses_draft_model: bool) -> bool:
-    """Whether even drafts that are always accepted (α = 1) cannot beat plain decoding for rows
-    starting at `starts`."""
+def no_alpha_pays(round_cost: RoundCostModel, starts: list[int], max_k: int, uses_draft_model: bool,
+                  margin: float = 0.0) -> bool:
+    """Whether even drafts that are always accepted (α = 1) cannot beat plain decoding by more than
+    `margin` for rows starting at `starts`. (With free drafts a linear model always lets α = 1 tie:
+    (k + 1) tokens for at most (k + 1)x the time; what decides is whether it wins by a margin.)"""
     limit, _ = speedup_limit(round_cost, [1.0] * len(starts), [max_k] * len(starts), starts,
                              [uses_draft_model] * len(starts))
-    return limit <= 1.0
+    return limit <= 1.0 + margin
