@@ -120,9 +120,11 @@ def _convert_gguf_models(job_config: JobConfig) -> None:
         files = [file for name in names if name and (file := gguf_file(name)) is not None]
         if not files:
             return
-        from specbatch.engine.gguf_models import converted_dir
+        from specbatch.engine.gguf_models import converted_dir, is_converted
 
         for file in dict.fromkeys(files):
+            if not is_converted(file):
+                console.print(f"converting {file} into a cached Hugging Face folder (once per file)")
             converted_dir(file)
     except ModelLoadError as error:
         fail(str(error))

@@ -52,6 +52,11 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "specbatch").expanduser()
 
 
+def is_converted(file: Path) -> bool:
+    """Whether `file`'s bytes have a cached folder already (a load then converts nothing)."""
+    return (cache_root() / "gguf" / file_sha256(file)[:16]).is_dir()
+
+
 def converted_dir(file: Path) -> Path:
     """`file`'s cached HF folder, converted first if no process has.
 
