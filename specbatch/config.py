@@ -124,7 +124,11 @@ class ModelsConfig(_Section):
     device: str = "cpu"
     draft_device: str | None = None  # the draft model's device; None: models.device
     graphs: Literal["eager", "compile", "cuda-graphs"] = "eager"  # decode-shaped passes (engine/graphs.py)
+    # attention outside the engine's paged passes (a `generate` baseline); the engine attends through its own
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # the Llama family (Llama, SmolLM2, Mistral, Qwen2/3) through its native step (engine/native_llama.py);
+    # false, or any other family: transformers' modeling code over the same paged cache
+    native: bool = True
     trust_remote_code: bool = False
     num_threads: int | None = Field(default=None, ge=1)
 
@@ -361,13 +365,13 @@ def config_to_dict(config: JobConfig) -> dict[str, Any]:
 # shards ingest cut, depend on: the target's weights, code, tokenizer and dtype, the sampling defaults and
 # coupling, the context, the seed, the sharding. Speed: how and where the same outputs are computed: the
 # drafter and draft model (exact speculative decoding keeps the target's law), batching, lookahead, the
-# KV budget, buckets, device, attention kernel and threads (same maths, other rounding, as under another
-# batch), prefix reuse (a copied prefix's KV is the same maths as computing it, in another pass shape),
+# KV budget, buckets, device, attention kernel, the native step and threads (same maths, other rounding, as
+# under another batch), prefix reuse (a shared block's KV is the same maths as computing it, in another pass),
 # processes, part flushes. The EAGLE head (models.eagle) is a drafter like the draft model.
 OUTPUT_FIELDS = frozenset({"models.target", "models.tokenizer", "models.dtype", "models.trust_remote_code",
                            "sampling", "capacity.max_context", "io.shard_size", "io.group_window", "seed"})
 SPEED_FIELDS = frozenset({"models.draft", "models.eagle", "models.device", "models.draft_device", "models.graphs",
-                          "models.attn_implementation", "models.num_threads",
+                          "models.attn_implementation", "models.native", "models.num_threads",
                           "drafter", "scheduler", "capacity.kv_tokens", "capacity.kv_bytes", "capacity.admission",
                           "cache", "buckets", "io.part_every_requests", "io.part_every_s", "workers"})
 

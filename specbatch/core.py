@@ -195,6 +195,19 @@ class RoundPlan:
 
 
 @dataclass(frozen=True)
+class KVUse:
+    """The KV blocks after one round, for the ledger (`sched/kv_blocks.py`): in use (a shared one
+    once), shared by several rows, cached for later rows, evicted since the last round, and the
+    block-table entries pointing at them (what the rows would hold, each with its own copy)."""
+
+    num_in_use: int = 0
+    num_shared: int = 0
+    num_cached: int = 0
+    num_evicted: int = 0
+    num_referenced: int = 0
+
+
+@dataclass(frozen=True)
 class PassShape:
     """One forward pass as computed: real rows and positions, and the bucket it was padded to."""
 

@@ -135,7 +135,8 @@ class Engine:
         kv = self.scheduler.kv
         record = RoundRecord.of(plan, outcome, commit.num_committed, worker_id=self.worker_id,
                                 round_index=self.num_rounds, started_s=started_s, kv_tokens_in_use=kv.num_used,
-                                kv_tokens_capacity=kv.capacity_tokens, commit_ms=commit_ms, round_ms=round_ms)
+                                kv_tokens_capacity=kv.capacity_tokens, commit_ms=commit_ms, round_ms=round_ms,
+                                kv_use=kv.use())
         self.recorder.add_round(record)
         self.scheduler.observe_round(record, outcome.num_draft_prefill_positions, outcome.draft_prefill_ms)
         self.num_rounds += 1

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 
 import pyarrow as pa
 
+from specbatch.core import KVUse
+
 if TYPE_CHECKING:
     from specbatch.core import RoundOutcome, RoundPlan, Row, RowOutcome
 
@@ -72,13 +74,21 @@ class RoundRecord:
     mask_wait_ms: float = 0.0
     num_forced_proposed: int = 0
     num_forced_accepted: int = 0
+    # KV blocks after the round (sched/kv_blocks.py): held (a shared block once), shared by several rows,
+    # cached for later rows, evicted during the round, and the rows' block-table entries (with copies)
+    kv_blocks_in_use: int = 0
+    kv_blocks_shared: int = 0
+    kv_blocks_cached: int = 0
+    kv_blocks_evicted: int = 0
+    kv_blocks_referenced: int = 0
 
     @classmethod
     def of(cls, plan: RoundPlan, outcome: RoundOutcome, num_committed: int, *, worker_id: int, round_index: int,
            started_s: float, kv_tokens_in_use: int, kv_tokens_capacity: int, commit_ms: float,
-           round_ms: float) -> RoundRecord:
+           round_ms: float, kv_use: KVUse | None = None) -> RoundRecord:
         """The record of a round that ran `plan` to `outcome` and committed `num_committed` tokens."""
         verify, prefills, proposals = outcome.verify_shape, outcome.prefill_shapes, outcome.proposals
+        kv_use = kv_use or KVUse()
         num_prefill_tokens = sum(size for _, size in plan.prefill)
         num_real_verify = verify.num_real_positions if verify else 0
         prefill_padded = sum(shape.num_padded_positions for shape in prefills)
@@ -107,6 +117,8 @@ class RoundRecord:
             plain_ms=plan.plain_ms, predicted_ms=plan.predicted_ms, limit_speedup=plan.limit_speedup,
             mask_ms=outcome.mask_ms, mask_wait_ms=outcome.mask_wait_ms, num_forced_proposed=outcome.num_forced_proposed,
             num_forced_accepted=outcome.num_forced_accepted,
+            kv_blocks_in_use=kv_use.num_in_use, kv_blocks_shared=kv_use.num_shared, kv_blocks_cached=kv_use.num_cached,
+            kv_blocks_evicted=kv_use.num_evicted, kv_blocks_referenced=kv_use.num_referenced,
         )
 
 

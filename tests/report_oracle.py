@@ -325,6 +325,23 @@ def expected_prefix_cache(jobs: list[Path]) -> list[dict]:
     return out
 
 
+def expected_kv_blocks(jobs: list[Path]) -> list[dict]:
+    out = []
+    for job in jobs:
+        rounds = rows(job, "rounds")
+        in_use = [r["kv_blocks_in_use"] or 0 for r in rounds]
+        referenced = sum(r["kv_blocks_referenced"] or 0 for r in rounds)
+        target = sum(r["num_target_rows"] + r["num_padded_target_rows"] for r in rounds)
+        out.append({"job_id": job.name, "num_rounds": len(rounds), "mean_blocks_in_use": sum(in_use) / len(rounds),
+                    "peak_blocks_in_use": max(in_use),
+                    "mean_blocks_shared": sum(r["kv_blocks_shared"] or 0 for r in rounds) / len(rounds),
+                    "mean_blocks_cached": sum(r["kv_blocks_cached"] or 0 for r in rounds) / len(rounds),
+                    "num_blocks_evicted": sum(r["kv_blocks_evicted"] or 0 for r in rounds),
+                    "sharing_factor": referenced / sum(in_use) if sum(in_use) else None,
+                    "padded_share": sum(r["num_padded_target_rows"] for r in rounds) / target if target else None})
+    return out
+
+
 def expected_speculation_limit(jobs: list[Path]) -> list[dict]:
     out = []
     for job in jobs:
@@ -396,6 +413,7 @@ EXPECTED = {
     "worker_balance": expected_worker_balance,
     "scheduler_overhead": expected_overhead,
     "prefix_cache": expected_prefix_cache,
+    "kv_blocks": expected_kv_blocks,
     "speculation_limit": expected_speculation_limit,
     "speculation_by_drafter": expected_speculation_by_drafter,
     "structured_output": expected_structured_output,

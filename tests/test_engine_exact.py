@@ -95,11 +95,11 @@ def test_a_draft_steps_logits_are_each_rows_last_positions(request, pair, chunks
     config = tiny_config(request.getfixturevalue(pair), "scheduler.max_batch_rows=6")
     backend, _ = hf_backend(config, load_models(config))
     draft = backend.drafter.draft
-    slots, starts = list(range(len(chunks))), [3] * len(chunks)
-    full, _ = draft.forward(slots, starts, chunks)
-    last, _ = draft.forward(slots, starts, chunks, last_only=True)  # writes the same keys and values again
-    expected = torch.stack([full[row, len(chunk) - 1] for row, chunk in enumerate(chunks)])[:, None]
-    torch.testing.assert_close(last, expected)
+    tables, starts = draft.scratch_tables(len(chunks), 3 + max(map(len, chunks))), [3] * len(chunks)
+    full, _ = draft.forward(tables, starts, chunks)  # [Σ chunk, vocab]
+    last, _ = draft.forward(tables, starts, chunks, last_only=True)  # writes the same keys and values again
+    ends = torch.tensor([len(chunk) for chunk in chunks]).cumsum(0) - 1
+    torch.testing.assert_close(last, full[ends])
 
 
 class PastKeyValuesLlama(LlamaForCausalLM):

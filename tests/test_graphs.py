@@ -8,7 +8,7 @@ import torch
 from engine_helpers import MixedLookahead, assert_exact, greedy_reference, random_prompts, run_engine, tiny_config
 
 from specbatch.config import ConfigError, JobConfig, load_config
-from specbatch.engine.build import hf_backend, load_models
+from specbatch.engine.build import load_models
 from specbatch.engine.graphs import warm_shapes
 from specbatch.engine.sampling import request_generator
 from specbatch.sched.buckets import ShapeBuckets
@@ -54,31 +54,6 @@ def test_request_generators_live_on_the_given_device():
     assert request_generator("r0", None, 0, "cpu").device.type == "cpu"
     same = [torch.rand(3, generator=request_generator("r0", None, 0)) for _ in range(2)]
     assert torch.equal(*same)
-
-
-def test_padded_rows_take_the_free_slots_after_the_real_ones(tiny_pair):
-    config = tiny_config(tiny_pair, "buckets.batch_rows=[4]", "scheduler.max_batch_rows=6")
-    backend, _ = hf_backend(config, load_models(config))
-    model = backend.target
-    assert model._padding_slots([0, 1], 2) == [2, 3]
-    backend.slot_owner[3] = object()  # type: ignore[assignment]  # a resident row that is not decoding
-    assert model._padding_slots([0, 1], 2) == [model.scratch_slot] * 2
-    assert model._padding_slots([3, 5], 1) == [model.scratch_slot]  # past the last real slot
-
-
-def test_exact_when_rows_sit_in_the_padded_slots(tiny_pair):
-    """Few slots, padding to 4 rows, prefill chunks of 3: rows still prefilling sit in the slots a
-    decode batch pads into and are moved out of the way; outputs stay the target's own."""
-    config = tiny_config(tiny_pair, "scheduler.max_batch_rows=5", "buckets.batch_rows=[4]",
-                         "scheduler.prefill_chunk=fixed:3")
-    models = load_models(config)
-    tokenizer = tiny_pair[2]
-    requests = random_prompts(tokenizer, 12, seed=5)
-    refs = [greedy_reference(models.target, p, m, tokenizer.eos_token_id, tokenizer.pad_token_id)
-            for p, m in requests]
-    rows, recorder, _ = run_engine(config, requests, models=models)
-    assert_exact(rows, refs)
-    assert any(r.num_bucket_rows > r.num_decode_rows for r in recorder.rounds)
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,8 @@ EXPECTED_ROUNDS = _schema(
     *_required(_F64, "plan_ms", "reuse_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms", "warmup_ms",
                "round_ms", "plain_ms", "predicted_ms", "limit_speedup", "mask_ms", "mask_wait_ms"),
     *_required(_I64, "num_forced_proposed", "num_forced_accepted"),
+    *_required(_I64, "kv_blocks_in_use", "kv_blocks_shared", "kv_blocks_cached", "kv_blocks_evicted",
+               "kv_blocks_referenced"),
 )
 
 EXPECTED_STEPS = _schema(

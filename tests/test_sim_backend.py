@@ -20,9 +20,9 @@ COST = CostModel(intercept_ms=1.0, target_passes=2.0, target_rows=0.5, draft_pas
 HOST_TIMES = {"plan_ms", "commit_ms", "prefill_ms", "draft_ms", "verify_ms", "round_ms", "started_s"}
 
 
-def sim_run(config, rows, outputs, acceptance, cost=COST):
+def sim_run(config, rows, outputs, acceptance, cost=COST, shared_prefixes=False):
     recorder = MemoryRecorder()
-    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder)
+    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, shared_prefixes=shared_prefixes)
     for row in rows:
         engine.add(row)
     engine.run()
@@ -57,7 +57,9 @@ def test_rounds_match_the_real_backend(tiny_pair, draft_is_target, one_thread):
         starts.setdefault(step.request_id, []).append(step.num_output_tokens - step.num_committed)
     outputs = {rid: (row.num_output_tokens, row.finish_reason == "eos") for rid, row in real_rows.items()}
     rows = [Row(f"r{i}", prompt, SamplingParams(max_new_tokens=m)) for i, (prompt, m) in enumerate(requests)]
-    sim, _ = sim_run(config, rows, outputs, ReplayAcceptance(histories, starts))
+    # real prompts: their blocks are shared and cached as the real job's (outputs are filler, but a block
+    # that holds them is only registered, never matched: no later prompt starts with it)
+    sim, _ = sim_run(config, rows, outputs, ReplayAcceptance(histories, starts), shared_prefixes=True)
     assert [counters(r) for r in sim.rounds] == [counters(r) for r in real.rounds]
     times = {"arrival_s": 0, "admitted_s": 0, "first_token_s": 0, "finished_s": 0}
     real_requests = {r.request_id: counters(r) | times for r in real.requests}

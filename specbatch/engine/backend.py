@@ -154,7 +154,7 @@ class HFBackend:
     @staticmethod
     def _verify_positions(chunks: list[list[int]], windows: list[list[int]], offset: int) -> list[int]:
         """Flat indices of the verify windows' positions in a pass whose verifying rows start at `offset`."""
-        keep = []
+        keep: list[int] = []
         for chunk, window in zip(chunks, windows, strict=True):
             first = offset + len(chunk) - len(window)
             keep.extend(range(first, first + len(window)))

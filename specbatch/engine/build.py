@@ -21,9 +21,10 @@ from specbatch.engine.eagle import EagleHead, aux_layer_ids, load_head
 from specbatch.engine.eagle_drafter import EagleDrafter
 from specbatch.engine.forced_drafter import ForcedDrafter
 from specbatch.engine.forward import PagedModel
-from specbatch.engine.graphs import GraphMode, decode_step
+from specbatch.engine.graphs import GraphMode, decode_step, warm_shapes
 from specbatch.engine.loading import check_same_tokenizer, kv_shape, load_model, load_tokenizer
 from specbatch.engine.model_paths import ModelLoadError
+from specbatch.engine.native_llama import NativeLlama, native_reason
 from specbatch.engine.paged_cache import PagedKVCache
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.engine.suffix_drafter import SuffixDrafter
@@ -40,6 +41,15 @@ class Models:
     tokenizer: PreTrainedTokenizerBase
     eagle: EagleHead | None = None
     _steps: dict[tuple[str, GraphMode], Callable[..., Any]] = field(default_factory=dict)
+    _natives: dict[str, NativeLlama | None] = field(default_factory=dict)
+
+    def native(self, role: str) -> NativeLlama | None:
+        """`role`'s native step where its family has one (built once: it fuses the model's weights)."""
+        if role not in self._natives:
+            model = self.target if role == "target" else self.draft
+            assert model is not None
+            self._natives[role] = NativeLlama(model) if native_reason(model) is None else None
+        return self._natives[role]
 
     def step(self, role: str, mode: GraphMode) -> Callable[..., Any]:
         """What runs `role`'s ("target" or "draft") decode passes in `mode`, compiled once per model."""
@@ -154,14 +164,15 @@ def hf_backend(config: JobConfig, models: Models, max_request_tokens: int | None
     graphs, num_lanes = config.models.graphs, config.scheduler.max_batch_rows
     vocab_size = models.target.get_output_embeddings().weight.shape[0]
     target_device = next(models.target.parameters()).device
+    native = config.models.native and graphs == "eager"
     target = PagedModel(models.target, _paged_cache(models.target, num_blocks, block_size, graphs),
-                        step=models.step("target", graphs))
+                        step=models.step("target", graphs), native=models.native("target") if native else None)
     drafters: dict[str, Drafter] = {}  # by kind: several make a `DrafterMix`, a drafter chosen per row
     for kind in config.drafter.kinds:
         if kind == "draft":
             assert models.draft is not None
             draft = PagedModel(models.draft, _paged_cache(models.draft, num_blocks, block_size, graphs),
-                               step=models.step("draft", graphs))
+                               step=models.step("draft", graphs), native=models.native("draft") if native else None)
             drafters[kind] = DraftModelDrafter(draft, vocab_size, target_device)
         elif kind == "eagle":
             assert models.eagle is not None
@@ -180,12 +191,26 @@ def hf_backend(config: JobConfig, models: Models, max_request_tokens: int | None
 
     coupling = make_coupling(config.sampling.coupling, config.seed, target_device)
     grammar = GrammarRuntime(models.tokenizer, vocab_size, grammar_eos(models))  # structured output (issue 42)
-    backend = HFBackend(target, ForcedDrafter(drafter, grammar), vocab_size, coupling, num_lanes, grammar=grammar)
+    draft_model = getattr(drafters.get("draft"), "draft", None)
+    warm_up = None if graphs == "eager" else lambda: _warm_up(config, target, draft_model)
+    backend = HFBackend(target, ForcedDrafter(drafter, grammar), vocab_size, coupling, num_lanes, warm_up,
+                        grammar=grammar)
     tokenizer = models.tokenizer
     limits = EngineLimits(context, num_blocks * block_size, frozenset(eos_token_ids(models)),
                           lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
                           kv_bytes_per_token=kv_bytes_per_token(models))
     return backend, limits
+
+
+def _warm_up(config: JobConfig, target: PagedModel, draft: PagedModel | None) -> None:
+    """One pass of each decode shape the job runs (rows x verify positions; the draft's steps), so
+    graphs compile before the first round. Before any row's KV exists: it writes scratch tables."""
+    buckets, max_rows = job_buckets(config), config.scheduler.max_batch_rows
+    passes = [(target, config.max_lookahead + 1)] + ([(draft, 2)] if draft is not None else [])
+    for model, max_query_len in passes:
+        for num_rows, query_len in warm_shapes(buckets, max_rows, max_query_len):
+            model.forward(model.scratch_tables(num_rows, query_len), [0] * num_rows, [[0] * query_len] * num_rows,
+                          last_only=model is draft)
 
 
 def build_hf_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0,

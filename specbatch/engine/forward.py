@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specbatch.core import PassShape
+from specbatch.engine.native_llama import NativeLlama
 from specbatch.engine.paged_cache import PagedKVCache, bound_pass, build_layout
 
 
@@ -31,9 +32,11 @@ class RowCache:
 class PagedModel:
     """A model and the paged cache it writes."""
 
-    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, step: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, step: Any = None,
+                 native: NativeLlama | None = None) -> None:
         self.model, self.cache = model, cache
         self.step = model if step is None else step
+        self.native = native  # the Llama family's own step, where it covers the model (`engine/native_llama.py`)
         self.cache_argument = cache_argument(model)
         # layers whose inputs an EAGLE drafter reads: each pass then keeps them side by side in
         # `features` [tokens, len(feature_layers)·hidden] (flat, in the pass's row order) until the next pass
@@ -81,6 +84,13 @@ class PagedModel:
             kept = ends
         elif keep is not None and len(keep) < num_tokens:
             kept = torch.tensor(keep, dtype=torch.long, device=device)
+        if self.native is not None:
+            logits, states = self.native.forward(input_ids, positions, self.cache, layout,
+                                                 kept if isinstance(kept, torch.Tensor) else None, keep_logits,
+                                                 self.feature_layers)
+            if self.feature_layers:
+                self.features = torch.cat(states, dim=-1)
+            return logits, shape
         self.cache.bind(layout, kv_len)
         with bound_pass(layout):
             output = self.step(

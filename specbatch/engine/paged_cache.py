@@ -171,21 +171,24 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     layout = _PASS.get()
     if layout is None:  # the model outside the engine (`generate` in a benchmark, training): plain attention
         return _unpaged_attention(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
-    q = query[0].transpose(0, 1)  # [tokens, heads, dim]
+    return attend(query[0].transpose(0, 1), key, value, layout, scaling, softcap)[None], None
+
+
+def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PassLayout, scaling: float | None,
+           softcap: float | None = None) -> torch.Tensor:
+    """q: [tokens, heads, dim] of a flat pass; key/value: a layer's pools [positions, kv_heads, dim].
+    Returns [tokens, heads, value_dim]."""
     num_heads, value_dim = q.shape[1], value.shape[-1]
-    if len(layout.groups) == 1 and layout.groups[0].token_index is None:
+    if len(layout.groups) == 1 and layout.groups[0].token_index is None:  # every row the same length
         group = layout.groups[0]
         return _attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group, scaling,
-                       softcap).reshape(1, layout.num_tokens, num_heads, value_dim), None
+                       softcap).reshape(layout.num_tokens, num_heads, value_dim)
     out = q.new_empty(layout.num_tokens, num_heads, value_dim)
-    for group in layout.groups:
-        if group.token_index is None:
-            out.copy_(_attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group, scaling,
-                              softcap).reshape(layout.num_tokens, num_heads, value_dim))
-            continue
+    for group in layout.groups:  # each pads only its own rows (a group covers the whole pass only when alone)
+        assert group.token_index is not None and group.tokens is not None and group.keep is not None
         attended = _attend(q[group.token_index], key, value, group, scaling, softcap)  # [rows, q, heads, dim]
         out[group.tokens] = attended.reshape(-1, num_heads, value_dim)[group.keep]
-    return out[None], None
+    return out
 
 
 def _attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup,

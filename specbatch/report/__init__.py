@@ -42,6 +42,7 @@ QUERIES: dict[str, str] = {  # file stem -> title, in report order
     "worker_balance": "Worker balance",
     "scheduler_overhead": "Scheduler overhead",
     "prefix_cache": "Shared prefixes",
+    "kv_blocks": "KV blocks: held, shared, cached",
     "speculation_limit": "Speculation against its limit",
     "speculation_by_drafter": "Speculation per drafter",
     "structured_output": "Structured output: grammar masks and forced drafts",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from specbatch.core import Row
+from specbatch.core import KVUse, Row
 
 
 @dataclass
@@ -63,6 +63,7 @@ class KVBlocks:
         self.holdings: dict[str, _Holding] = {}
         self.counters = BlockCounters()
         self.num_in_use = 0  # blocks with refcount > 0
+        self.num_shared = 0  # blocks with refcount > 1
 
     # ---- sizes --------------------------------------------------------------------------------
     @property
@@ -86,10 +87,6 @@ class KVBlocks:
     def num_used(self) -> int:
         """Positions in use or promised, the ledger's `kv_tokens_in_use`."""
         return (self.num_in_use + self.num_outstanding) * self.block_size
-
-    @property
-    def num_shared(self) -> int:
-        return sum(1 for block in self.blocks if block.refcount > 1)
 
     @property
     def num_cached(self) -> int:
@@ -237,6 +234,12 @@ class KVBlocks:
             self._release(block)
         self._trim_cache()
 
+    def use(self) -> KVUse:
+        """What the blocks hold now, and evictions since the last call (one ledger row's worth)."""
+        counters = self.read_counters()
+        referenced = sum(len(holding.table) for holding in self.holdings.values())
+        return KVUse(self.num_in_use, self.num_shared, len(self.cached), counters.num_evicted, referenced)
+
     def read_counters(self) -> BlockCounters:
         counters, self.counters = self.counters, BlockCounters()
         return counters
@@ -267,12 +270,16 @@ class KVBlocks:
         if block.refcount == 0:
             self.cached.pop(block_id, None)
             self.num_in_use += 1
+        elif block.refcount == 1:
+            self.num_shared += 1
         block.refcount += 1
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
         block.refcount -= 1
         assert block.refcount >= 0, f"block {block_id} released more often than taken"
+        if block.refcount == 1:
+            self.num_shared -= 1
         if block.refcount:
             return
         self.num_in_use -= 1

@@ -1,0 +1,147 @@
+"""The Llama family's decoder step, written for the engine's flat passes (Llama, SmolLM2, Mistral,
+Qwen2, Qwen3).
+
+transformers' modeling code runs a pass as hundreds of small operators: three projections where
+one matrix multiply does (q, k, v), two where one does (gate, up), the rotary tables and masks
+rebuilt every pass. Here each layer is RMSNorm, one fused QKV GEMM, rotary, a write into the paged
+cache, attention over it (`paged_cache.attend`), the output projection, RMSNorm, one fused gate-up
+GEMM, SiLU and the down projection: the same maths in the same order and precision as the Hugging
+Face layers (RMSNorm in float32, as theirs), on the same weights. The fused weights are the only
+copy: the model's own projections become views into them, so the Hugging Face path keeps working
+(a `generate` baseline, training) at no extra memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from specbatch.engine.paged_cache import PagedKVCache, PassLayout, attend
+
+NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def native_reason(model: PreTrainedModel) -> str | None:
+    """Why this model runs through transformers' modeling code instead, or None if it runs natively."""
+    config = model.config.get_text_config()
+    if config.model_type not in NATIVE_MODEL_TYPES:
+        return f"model_type {config.model_type!r} has no native step"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    return None
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [q + 2·kv dims, hidden]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [head_dim] (Qwen3's per-head RMSNorm)
+    k_norm: torch.Tensor | None
+    out: torch.Tensor  # [hidden, q dims]
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2·intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+class NativeLlama:
+    """The decoder of a Llama-family model over the paged cache; `forward` is one flat pass."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        config = model.config.get_text_config()
+        inner: Any = model.model
+        self.embed, self.rotary, self.lm_head = inner.embed_tokens, inner.rotary_emb, model.lm_head
+        self.final_norm = inner.norm.weight
+        self.eps = config.rms_norm_eps
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scaling = self.head_dim**-0.5
+        self.layers = [_fuse(layer) for layer in inner.layers]
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache, layout: PassLayout,
+                kept: torch.Tensor | None, keep_logits: bool = True, feature_layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """input_ids, positions: [tokens]. Returns logits [kept tokens, vocab] (every token's where
+        `kept` is None; None without `keep_logits`) and the hidden states `feature_layers` name
+        (Hugging Face's numbering: 0 the embeddings, i the output of layer i - 1, the last after the
+        final norm)."""
+        hidden = self.embed(input_ids)  # [tokens, hidden]
+        cos, sin = self.rotary(hidden[None], positions[None])  # [1, tokens, head_dim]
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [tokens, 1, head_dim]
+        states: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.layers):
+            if index in feature_layers:
+                states[index] = hidden
+            hidden = self._layer(layer, index, hidden, cos, sin, cache, layout)
+        hidden = _rms_norm(hidden, self.final_norm, self.eps)
+        states[len(self.layers)] = hidden
+        wanted = [states[index] for index in feature_layers]
+        if not keep_logits:
+            return None, wanted
+        return self.lm_head(hidden if kept is None else hidden[kept]), wanted
+
+    def _layer(self, layer: _Layer, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               cache: PagedKVCache, layout: PassLayout) -> torch.Tensor:
+        num_tokens, dim = hidden.shape[0], self.head_dim
+        qkv = F.linear(_rms_norm(hidden, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+        q_dims, kv_dims = self.num_heads * dim, self.num_kv_heads * dim
+        q = qkv[:, :q_dims].view(num_tokens, self.num_heads, dim)
+        k = qkv[:, q_dims : q_dims + kv_dims].view(num_tokens, self.num_kv_heads, dim)
+        v = qkv[:, q_dims + kv_dims :].view(num_tokens, self.num_kv_heads, dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        keys, values = cache.keys[index], cache.values[index]
+        keys[layout.slot_mapping] = k.to(keys.dtype)
+        values[layout.slot_mapping] = v.to(values.dtype)
+        attended = attend(q, keys, values, layout, self.scaling)  # [tokens, heads, dim]
+        hidden = hidden + F.linear(attended.reshape(num_tokens, q_dims), layer.out)
+        gate, up = F.linear(_rms_norm(hidden, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
+        return hidden + F.linear(F.silu(gate) * up, layer.down)
+
+
+def _fuse(layer: Any) -> _Layer:
+    """One layer's weights, q/k/v and gate/up each in one tensor; the layer's own projections are
+    pointed at views of it, so the weights are held once."""
+    attention, mlp = layer.self_attn, layer.mlp
+    qkv = _concat_into(attention.q_proj, attention.k_proj, attention.v_proj)
+    bias = None
+    if attention.q_proj.bias is not None:
+        bias = _concat_into(attention.q_proj, attention.k_proj, attention.v_proj, name="bias")
+    gate_up = _concat_into(mlp.gate_proj, mlp.up_proj)
+    q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+    return _Layer(layer.input_layernorm.weight, qkv, bias, q_norm.weight if q_norm is not None else None,
+                  k_norm.weight if k_norm is not None else None, attention.o_proj.weight,
+                  layer.post_attention_layernorm.weight, gate_up, mlp.down_proj.weight)
+
+
+def _concat_into(*linears: Any, name: str = "weight") -> torch.Tensor:
+    parts = [getattr(linear, name) for linear in linears]
+    fused = torch.cat([part.detach() for part in parts])
+    offset = 0
+    for linear, part in zip(linears, parts, strict=True):
+        getattr(linear, name).data = fused[offset : offset + part.shape[0]]
+        offset += part.shape[0]
+    return fused
+
+
+def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Llama RMSNorm: in float32 whatever the model's dtype, then the weight."""
+    dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * hidden.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as `apply_rotary_pos_emb`: x·cos + rotate_half(x)·sin. x: [tokens, heads, dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
