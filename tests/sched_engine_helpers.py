@@ -36,14 +36,15 @@ def make_row(request_id: str, num_prompt: int = 8, max_new: int = 32, domain: st
 
 def make_scheduler(order: str = "fcfs", lookahead: str = "fixed:4", prefill: str = "fixed:16", *,
                    capacity: int = 10_000, max_rows: int = 8, max_tokens: int = 512, max_context: int = 512,
-                   max_lookahead: int = 4, admission: str = "reserve", tpot_slo_ms: float = 200.0) -> Scheduler:
-    """The factory's scheduler for a config with these settings (no KV-length bucketing, no prefix
-    reuse: hand-made rows all open with the same tokens, and their KV is made up)."""
+                   max_lookahead: int = 4, admission: str = "reserve", tpot_slo_ms: float = 200.0,
+                   prefix: bool = False) -> Scheduler:
+    """The factory's scheduler for a config with these settings (no KV-length bucketing; no prefix
+    sharing unless asked: hand-made rows all open with the same tokens, and their KV is made up)."""
     config = load_config(None, [
         f"scheduler.order={order}", f"scheduler.lookahead={lookahead}", f"scheduler.prefill_chunk={prefill}",
         f"scheduler.max_batch_rows={max_rows}", f"scheduler.max_round_tokens={max_tokens}",
         f"scheduler.max_lookahead={max_lookahead}", f"scheduler.tpot_slo_ms={tpot_slo_ms}",
-        f"capacity.admission={admission}", "buckets.kv_len_multiple=1", "cache.prefix=false",
+        f"capacity.admission={admission}", "buckets.kv_len_multiple=1", f"cache.prefix={prefix}",
     ])
     return factory.make_scheduler(config, capacity, max_context, CPU_DEMO_PROFILE)
 
