@@ -62,8 +62,8 @@ def bench_llguidance(tok, eos: int, vocab: int, ids: list[int]) -> dict:
     info = llguidance.hf.from_tokenizer(tok, n_vocab=vocab, eos_token=eos)
     tokenizer_ms = ms(start)
     start = time.perf_counter()
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(SCHEMA),
-                                                            defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+    defaults = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(SCHEMA), defaults=defaults)
     matcher = llguidance.LLMatcher(info, grammar)
     assert not matcher.is_error(), matcher.get_error()
     compile_ms = ms(start)

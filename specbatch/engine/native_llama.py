@@ -98,10 +98,8 @@ class NativeLlama:
         if layer.q_norm is not None and layer.k_norm is not None:
             q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        keys, values = cache.keys[index], cache.values[index]
-        keys[layout.slot_mapping] = k.to(keys.dtype)
-        values[layout.slot_mapping] = v.to(values.dtype)
-        attended = attend(q, keys, values, layout, self.scaling)  # [tokens, heads, dim]
+        cache.write(index, k, v, layout)
+        attended = attend(q, cache.keys[index], cache.values[index], layout, self.scaling)  # [tokens, heads, dim]
         hidden = hidden + F.linear(attended.reshape(num_tokens, q_dims), layer.out)
         gate, up = F.linear(_rms_norm(hidden, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
         return hidden + F.linear(F.silu(gate) * up, layer.down)

@@ -18,7 +18,7 @@ runs one SDPA call with the group's causal mask (built once per pass, shared by 
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,21 +27,38 @@ from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from specbatch.engine import paged_kernel
+
 ATTENTION_NAME = "specbatch_paged"
+# groups whose rows feed at most this many positions go to the kernel (`engine/paged_kernel.py`, measured
+# there against a gather and SDPA); longer chunks are compute-bound, where SDPA's tiles win
+KERNEL_MAX_QUERY_LEN = 16
 _PASS: contextvars.ContextVar[PassLayout | None] = contextvars.ContextVar("specbatch_pass", default=None)
 
 
 @dataclass
 class AttentionGroup:
-    """Rows attended together: each padded to the group's longest query and KV extent."""
+    """Rows attended together: each padded to the group's longest query and block count."""
 
     num_rows: int
     query_len: int
     token_index: torch.Tensor | None  # [rows, query_len] into the pass's tokens; None: tokens are [rows, query_len]
-    kv_index: torch.Tensor  # [rows, kv_len] physical positions to gather (padding reads position 0)
-    mask: torch.Tensor | None  # [rows, 1, query_len, kv_len] bool, True = attend; None: all visible
+    kv_blocks: torch.Tensor  # [rows · blocks per row] the blocks each row reads, in order (padding reads block 0)
+    num_row_blocks: int  # blocks per row, the longest row's
+    visible: torch.Tensor | None  # [rows, query_len, blocks · block_size] bool, True = attend; None: all
     keep: torch.Tensor | None  # [real tokens] indices into the flattened [rows * query_len] output
     tokens: torch.Tensor | None  # [real tokens] their indices in the pass
+    rows: torch.Tensor  # [3, rows] each row's first token among the group's, token count, first position (kernel)
+    _masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def mask(self, group_size: int) -> torch.Tensor | None:
+        """The mask with each KV head's `group_size` query heads folded into its query rows:
+        [rows, 1, group_size · query_len, kv_len] (query head g of a KV head at rows g·query_len..)."""
+        if self.visible is None:
+            return None
+        if group_size not in self._masks:
+            self._masks[group_size] = self.visible[:, None].repeat(1, 1, group_size, 1)
+        return self._masks[group_size]
 
 
 @dataclass
@@ -49,7 +66,8 @@ class PassLayout:
     """Where one flat pass's tokens go and what each row attends to, built once per pass on the host."""
 
     num_tokens: int
-    slot_mapping: torch.Tensor  # [tokens] physical position each new token's KV is written to
+    slot_mapping: torch.Tensor  # [tokens] physical position (block · block_size + offset) of each new token's KV
+    block_size: int
     groups: list[AttentionGroup]
 
 
@@ -59,17 +77,13 @@ def build_layout(tables: list[list[int]], starts: list[int], lengths: list[int],
     positions [0, starts[r] + lengths[r]) through block table `tables[r]`."""
     slots: list[int] = []
     for table, start, length in zip(tables, starts, lengths, strict=True):
-        slots.extend(_physical(table, start, start + length, block_size))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + length))
     offsets = [0]
     for length in lengths:
         offsets.append(offsets[-1] + length)
     groups = [_group(members, tables, starts, lengths, offsets, block_size, device)
               for members in _group_rows(lengths)]
-    return PassLayout(offsets[-1], torch.tensor(slots, dtype=torch.long, device=device), groups)
-
-
-def _physical(table: list[int], start: int, end: int, block_size: int) -> list[int]:
-    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+    return PassLayout(offsets[-1], torch.tensor(slots, dtype=torch.long, device=device), block_size, groups)
 
 
 def _group_rows(lengths: list[int]) -> list[list[int]]:
@@ -84,38 +98,45 @@ def _group_rows(lengths: list[int]) -> list[list[int]]:
 def _group(members: list[int], tables: list[list[int]], starts: list[int], lengths: list[int],
            offsets: list[int], block_size: int, device: torch.device) -> AttentionGroup:
     query_len = max(lengths[r] for r in members)
-    kv_len = max(starts[r] + lengths[r] for r in members)
-    kv_rows = [_physical(tables[r], 0, starts[r] + lengths[r], block_size) for r in members]
-    kv_index = torch.tensor([row + [0] * (kv_len - len(row)) for row in kv_rows], dtype=torch.long, device=device)
+    row_blocks = [tables[r][: -(-(starts[r] + lengths[r]) // block_size)] for r in members]
+    num_row_blocks = max(map(len, row_blocks))
+    padded = [blocks + [0] * (num_row_blocks - len(blocks)) for blocks in row_blocks]
+    kv_blocks = torch.tensor([block for blocks in padded for block in blocks], dtype=torch.long, device=device)
     starts_t = torch.tensor([starts[r] for r in members], device=device)  # [rows]
     ends_t = starts_t + torch.tensor([lengths[r] for r in members], device=device)
-    positions = torch.arange(kv_len, device=device)
+    positions = torch.arange(num_row_blocks * block_size, device=device)
     last_visible = starts_t[:, None] + torch.arange(query_len, device=device)  # [rows, query_len]
     visible = positions[None, None, :] <= last_visible[:, :, None]  # causal
     visible &= positions[None, None, :] < ends_t[:, None, None]  # within the row's own KV
-    mask = None if bool(visible.all()) else visible[:, None]
+    mask = None if bool(visible.all()) else visible
+    firsts = [0]
+    for r in members[:-1]:
+        firsts.append(firsts[-1] + lengths[r])
+    rows = torch.tensor([firsts, [lengths[r] for r in members], [starts[r] for r in members]], device=device)
     contiguous = members == list(range(members[0], members[-1] + 1))
     uniform = all(lengths[r] == query_len for r in members)
     if contiguous and uniform and offsets[members[0]] == 0 and offsets[members[-1] + 1] == offsets[-1]:
-        return AttentionGroup(len(members), query_len, None, kv_index, mask, None, None)  # the whole pass, row-major
+        return AttentionGroup(len(members), query_len, None, kv_blocks, num_row_blocks, mask, None, None, rows)
     columns = torch.arange(query_len, device=device)
     token_index = torch.tensor([offsets[r] for r in members], device=device)[:, None] + columns  # [rows, query_len]
     real = columns[None, :] < (ends_t - starts_t)[:, None]  # [rows, query_len]
     token_index = torch.where(real, token_index, torch.zeros_like(token_index))
-    return AttentionGroup(len(members), query_len, token_index, kv_index, mask, real.flatten().nonzero().flatten(),
-                          token_index[real])
+    return AttentionGroup(len(members), query_len, token_index, kv_blocks, num_row_blocks, mask,
+                          real.flatten().nonzero().flatten(), token_index[real], rows)
 
 
 class PagedKVCache(Cache):
-    """Keys and values of every layer in blocks; a pass writes through its layout's slot mapping."""
+    """Keys and values of every layer in blocks, `[kv_heads, blocks · block_size, head_dim]`: a row's
+    blocks are gathered per head as whole runs of `block_size` positions. A pass writes through its
+    layout's slot mapping."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, value_head_dim: int | None = None) -> None:
         super().__init__(layers=[])
         positions = num_blocks * block_size
-        self.keys = [torch.zeros(positions, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.keys = [torch.zeros(num_kv_heads, positions, head_dim, dtype=dtype, device=device)
                      for _ in range(num_layers)]
-        self.values = [torch.zeros(positions, num_kv_heads, value_head_dim or head_dim, dtype=dtype, device=device)
+        self.values = [torch.zeros(num_kv_heads, positions, value_head_dim or head_dim, dtype=dtype, device=device)
                        for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.layout: PassLayout | None = None
@@ -123,30 +144,28 @@ class PagedKVCache(Cache):
 
     @property
     def bytes_per_token(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.keys + self.values)
+        return sum(t[:, 0].numel() * t.element_size() for t in self.keys + self.values)
 
     def bind(self, layout: PassLayout, kv_len: int) -> None:
         self.layout, self._kv_len = layout, kv_len
 
+    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, layout: PassLayout) -> None:
+        """keys / values: [tokens, kv_heads, dim] of a flat pass, written at the layout's positions."""
+        pool_keys, pool_values = self.keys[layer_idx], self.values[layer_idx]
+        pool_keys[:, layout.slot_mapping] = keys.transpose(0, 1).to(pool_keys.dtype)
+        pool_values[:, layout.slot_mapping] = values.transpose(0, 1).to(pool_values.dtype)
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # key_states / value_states: [1, num_kv_heads, tokens, head_dim] of the flat pass
         assert self.layout is not None, "bind() comes before a forward"
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        slots = self.layout.slot_mapping
-        keys[slots] = key_states[0].transpose(0, 1).to(keys.dtype)
-        values[slots] = value_states[0].transpose(0, 1).to(values.dtype)
-        return keys, values
+        self.write(layer_idx, key_states[0].transpose(0, 1), value_states[0].transpose(0, 1), self.layout)
+        return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._kv_len
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         return self._kv_len, 0
-
-    def copy_positions(self, source: torch.Tensor, destination: torch.Tensor) -> None:
-        """Copy KV between physical positions (a row's block that must not be shared further)."""
-        for tensor in self.keys + self.values:
-            tensor[destination] = tensor[source]
 
 
 class bound_pass:
@@ -167,7 +186,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                     softcap: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """Attention of one flat pass over the paged cache. query: [1, heads, tokens, dim]; key/value: the
-    layer's whole pools [positions, kv_heads, dim] (`PagedKVCache.update`). Returns [1, tokens, heads, dim]."""
+    layer's whole pools [kv_heads, positions, dim] (`PagedKVCache.update`). Returns [1, tokens, heads, dim]."""
     layout = _PASS.get()
     if layout is None:  # the model outside the engine (`generate` in a benchmark, training): plain attention
         return _unpaged_attention(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
@@ -176,39 +195,67 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 
 def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PassLayout, scaling: float | None,
            softcap: float | None = None) -> torch.Tensor:
-    """q: [tokens, heads, dim] of a flat pass; key/value: a layer's pools [positions, kv_heads, dim].
-    Returns [tokens, heads, value_dim]."""
+    """q: [tokens, heads, dim] of a flat pass; key/value: a layer's pools [kv_heads, positions, dim].
+    Returns [tokens, heads, value_dim]. Decode-shaped groups (a few positions a row) go to the
+    kernel that reads blocks in place; prefill chunks gather their rows' blocks for SDPA."""
     num_heads, value_dim = q.shape[1], value.shape[-1]
-    if len(layout.groups) == 1 and layout.groups[0].token_index is None:  # every row the same length
-        group = layout.groups[0]
-        return _attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group, scaling,
-                       softcap).reshape(layout.num_tokens, num_heads, value_dim)
-    out = q.new_empty(layout.num_tokens, num_heads, value_dim)
-    for group in layout.groups:  # each pads only its own rows (a group covers the whole pass only when alone)
-        assert group.token_index is not None and group.tokens is not None and group.keep is not None
-        attended = _attend(q[group.token_index], key, value, group, scaling, softcap)  # [rows, q, heads, dim]
+    def use_kernel(group: AttentionGroup) -> bool:
+        return (softcap is None and group.query_len <= KERNEL_MAX_QUERY_LEN
+                and paged_kernel.supports(q, key, value, group.query_len))
+
+    out = None
+    for group in layout.groups:
+        if group.token_index is None:  # the group is the whole pass, its tokens row-major
+            if use_kernel(group):
+                return _kernel(q, key, value, group, layout.block_size, scaling)
+            return _attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group,
+                           layout.block_size, scaling, softcap).reshape(layout.num_tokens, num_heads, value_dim)
+        assert group.tokens is not None and group.keep is not None
+        out = q.new_empty(layout.num_tokens, num_heads, value_dim) if out is None else out
+        if use_kernel(group):
+            out[group.tokens] = _kernel(q[group.tokens], key, value, group, layout.block_size, scaling)
+            continue
+        attended = _attend(q[group.token_index], key, value, group, layout.block_size, scaling, softcap)
         out[group.tokens] = attended.reshape(-1, num_heads, value_dim)[group.keep]
+    assert out is not None
     return out
 
 
-def _attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup,
+def _kernel(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup, block_size: int,
+            scaling: float | None) -> torch.Tensor:
+    """The group's tokens q [tokens, heads, dim] through the in-place kernel."""
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    tables = group.kv_blocks.view(group.num_rows, group.num_row_blocks)
+    return paged_kernel.attend(q, key, value, tables, group.rows, block_size, scale).to(q.dtype)
+
+
+def _attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup, block_size: int,
             scaling: float | None, softcap: float | None) -> torch.Tensor:
-    """q: [rows, query_len, heads, dim] -> [rows, query_len, heads, value_dim] over the group's KV."""
-    k = key[group.kv_index].transpose(1, 2)  # [rows, kv_heads, kv_len, dim]
-    v = value[group.kv_index].transpose(1, 2)
-    q = q.transpose(1, 2)  # [rows, heads, query_len, dim]
-    if q.shape[1] != k.shape[1]:
-        repeat = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    """q: [rows, query_len, heads, dim] -> [rows, query_len, heads, value_dim] over the group's blocks.
+    The query heads sharing a KV head are folded into its query rows, so grouped-query attention
+    reads each KV head once instead of a copy per query head."""
+    rows, query_len, num_heads, _ = q.shape
+    num_kv_heads = key.shape[0]
+    group_size, kv_len = num_heads // num_kv_heads, group.num_row_blocks * block_size
+    # [rows, kv_heads, kv_len, dim]
+    k = _gather(key, group, block_size).view(num_kv_heads, rows, kv_len, -1).transpose(0, 1)
+    v = _gather(value, group, block_size).view(num_kv_heads, rows, kv_len, -1).transpose(0, 1)
+    q = q.permute(0, 2, 1, 3).reshape(rows, num_kv_heads, group_size * query_len, -1)  # [rows, kv_heads, g·q, dim]
+    mask = group.mask(group_size)
     if softcap is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scaling)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
     else:  # soft-capped scores (Gemma 2): SDPA has no cap, so the maths written out
         scores = torch.matmul(q, k.transpose(-1, -2)) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
         scores = torch.tanh(scores / softcap) * softcap
-        if group.mask is not None:
-            scores = scores.masked_fill(~group.mask, torch.finfo(scores.dtype).min)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
-    return out.transpose(1, 2)
+    return out.view(rows, num_heads, query_len, -1).transpose(1, 2)
+
+
+def _gather(pool: torch.Tensor, group: AttentionGroup, block_size: int) -> torch.Tensor:
+    """The group's blocks of one layer's pool [kv_heads, positions, dim]: [kv_heads, rows · blocks, block, dim]."""
+    return pool.view(pool.shape[0], -1, block_size, pool.shape[-1]).index_select(1, group.kv_blocks)
 
 
 def _unpaged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -1,0 +1,88 @@
+/* Attention of a flat pass's decode-shaped rows straight over the paged KV pools: each row reads
+ * its blocks through its block table once per KV head, for all its query positions and all the
+ * query heads sharing that KV head, with an online softmax, so no row's KV is copied first.
+ *
+ * Layouts (contiguous): q [tokens, heads, dim] and out [tokens, heads, value_dim] in the
+ * accumulation type (float32, or float64 for float64 pools); pools [kv_heads, positions, dim] of
+ * float32, float64 or bfloat16 (as uint16); tables [rows, table_stride] block ids. Row r's tokens
+ * are row_first[r] .. + row_tokens[r] - 1, at positions row_start[r] ..; token i of the row sees
+ * positions 0 .. row_start[r] + i (causal). Two passes per row and KV head: every lane's scores
+ * (lane = query position x query head), then the weighted values; each key and value is read once.
+ * Built by specbatch/engine/paged_kernel.py. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define MAX_DIM 256
+
+static inline float bf16_to_float(uint16_t x) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)x << 16;
+    return v.f;
+}
+
+#define DEFINE_KERNEL(NAME, QT, KT, LOAD, EXP)                                                           \
+void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_t *tables,              \
+          int64_t table_stride, const int64_t *row_first, const int64_t *row_tokens,                      \
+          const int64_t *row_start, int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,            \
+          int64_t head_dim, int64_t value_dim, int64_t pool_positions, int64_t block_size, double scale,  \
+          int num_threads) {                                                                             \
+    int64_t group = num_heads / num_kv_heads;                                                            \
+    _Pragma("omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)")                 \
+    for (int64_t r = 0; r < num_rows; r++) {                                                             \
+        for (int64_t kh = 0; kh < num_kv_heads; kh++) {                                                  \
+            int64_t lanes = row_tokens[r] * group, start = row_start[r], end = start + row_tokens[r];    \
+            const int64_t *table = tables + r * table_stride;                                            \
+            QT *scores = malloc(sizeof(QT) * lanes * end);                                               \
+            QT acc[MAX_DIM];                                                                             \
+            /* pass 1: every lane's scores, reading each key once for all lanes */                       \
+            for (int64_t p = 0; p < end; p++) {                                                          \
+                int64_t slot = table[p / block_size] * block_size + p % block_size;                      \
+                const KT *kp = k_pool + (kh * pool_positions + slot) * head_dim;                         \
+                QT key[MAX_DIM];                                                                         \
+                for (int64_t d = 0; d < head_dim; d++) key[d] = LOAD(kp[d]);                             \
+                for (int64_t lane = 0; lane < lanes; lane++) {                                           \
+                    const QT *qh = q + ((row_first[r] + lane / group) * num_heads + kh * group + lane % group) \
+                                   * head_dim;                                                           \
+                    QT score = 0;                                                                        \
+                    for (int64_t d = 0; d < head_dim; d++) score += qh[d] * key[d];                      \
+                    scores[lane * end + p] = score * (QT)scale;                                          \
+                }                                                                                        \
+            }                                                                                            \
+            /* softmax per lane over the positions its token sees (0 .. start + token) */                \
+            for (int64_t lane = 0; lane < lanes; lane++) {                                               \
+                int64_t seen = start + lane / group + 1;                                                 \
+                QT *row = scores + lane * end, high = -INFINITY, total = 0;                              \
+                for (int64_t p = 0; p < seen; p++) high = row[p] > high ? row[p] : high;                 \
+                for (int64_t p = 0; p < seen; p++) { row[p] = EXP(row[p] - high); total += row[p]; }     \
+                for (int64_t p = 0; p < seen; p++) row[p] /= total;                                      \
+                for (int64_t p = seen; p < end; p++) row[p] = 0;                                         \
+            }                                                                                            \
+            /* pass 2: each lane's weighted values, reading each value once for all lanes */             \
+            for (int64_t lane = 0; lane < lanes; lane++) {                                               \
+                QT *oh = out + ((row_first[r] + lane / group) * num_heads + kh * group + lane % group)   \
+                         * value_dim;                                                                    \
+                for (int64_t d = 0; d < value_dim; d++) oh[d] = 0;                                       \
+            }                                                                                            \
+            for (int64_t p = 0; p < end; p++) {                                                          \
+                int64_t slot = table[p / block_size] * block_size + p % block_size;                      \
+                const KT *vp = v_pool + (kh * pool_positions + slot) * value_dim;                        \
+                for (int64_t d = 0; d < value_dim; d++) acc[d] = LOAD(vp[d]);                            \
+                for (int64_t lane = 0; lane < lanes; lane++) {                                           \
+                    QT weight = scores[lane * end + p];                                                  \
+                    QT *oh = out + ((row_first[r] + lane / group) * num_heads + kh * group + lane % group) \
+                             * value_dim;                                                                \
+                    for (int64_t d = 0; d < value_dim; d++) oh[d] += weight * acc[d];                    \
+                }                                                                                        \
+            }                                                                                            \
+            free(scores);                                                                                \
+        }                                                                                                \
+    }                                                                                                    \
+}
+
+#define AS_IS(x) (x)
+#define FROM_BF16(x) bf16_to_float(x)
+
+DEFINE_KERNEL(paged_attention_f32, float, float, AS_IS, expf)
+DEFINE_KERNEL(paged_attention_f64, double, double, AS_IS, exp)
+DEFINE_KERNEL(paged_attention_bf16, float, uint16_t, FROM_BF16, expf)

@@ -1,0 +1,98 @@
+"""The decode-shaped attention kernel (`kernels/paged_attention.c`), built with the machine's C
+compiler on first use and loaded with ctypes.
+
+Why a kernel: attention over a paged cache through SDPA has to gather each row's blocks into a
+contiguous copy first, per layer and pass; for decode-shaped passes (a few verify positions per
+row over a long context) that copy cost more than the attention itself (SmolLM2 fp32, 32 rows x 1
+position after 256: gathering 48 ms of a 149 ms pass, SDPA 15 ms). The kernel reads the blocks in
+place: the same pass 121 ms; at 32 rows x 5 positions 292 ms against 283 ms gathered, at 8 x 5 111
+against 106 (`benchmarks/model_step.py`, one run each). It is plain C (no torch headers), so it builds in about a
+second; built once per source and compiler flags into `$SPECBATCH_CACHE_DIR/kernels/`. Where no
+compiler works, `load()` returns None and attention gathers (`paged_cache.attend`), as exact.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
+# reassociation lets the compiler vectorise the dot products (sums in another order, as any kernel)
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fassociative-math",
+         "-fno-signed-zeros", "-fno-trapping-math"]
+_INT64 = ctypes.c_int64
+_ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, ctypes.c_int]
+MAX_LANES, MAX_DIM = 64, 256  # the kernel's per-row buffers: query positions x query heads per KV head, head size
+_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
+              torch.bfloat16: "paged_attention_bf16"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECBATCH_CACHE_DIR", Path.home() / ".cache" / "specbatch")) / "kernels"
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    """The built kernel library, or None where it cannot be built here (logged once)."""
+    if os.environ.get("SPECBATCH_PAGED_KERNEL", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        log.info("no C compiler: paged attention gathers blocks instead")
+        return None
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    library = cache_dir() / f"paged_attention-{digest}.so"
+    try:
+        if not library.exists():
+            library.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+                built = Path(scratch) / library.name
+                subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
+                               capture_output=True, timeout=120)
+                os.replace(built, library)  # atomic: workers building at once each rename a whole file
+        loaded = ctypes.CDLL(str(library))
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("the paged attention kernel did not build (%s): attention gathers blocks instead", error)
+        return None
+    for function in _FUNCTIONS.values():
+        getattr(loaded, function).argtypes = _ARGS
+        getattr(loaded, function).restype = None
+    return loaded
+
+
+def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, query_len: int) -> bool:
+    """Whether the kernel serves rows of `query_len` positions over these tensors (CPU, a dtype it
+    reads, sizes within its buffers)."""
+    heads, dim = query.shape[-2], query.shape[-1]
+    return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
+            and query_len * heads // key_pool.shape[0] <= MAX_LANES and max(dim, value_pool.shape[-1]) <= MAX_DIM
+            and load() is not None)
+
+
+def attend(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, tables: torch.Tensor,
+           rows: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+    """q: [tokens, heads, dim], each row's tokens together; pools [kv_heads, positions, dim]; tables
+    [rows, blocks]; rows: [3, rows] each row's first token, token count and first position.
+    Returns [tokens, heads, value_dim]."""
+    library = load()
+    assert library is not None
+    accumulate = torch.float64 if key_pool.dtype == torch.float64 else torch.float32
+    q = q.to(accumulate).contiguous()
+    out = q.new_empty(q.shape[0], q.shape[1], value_pool.shape[-1])
+    getattr(library, _FUNCTIONS[key_pool.dtype])(
+        q.data_ptr(), key_pool.data_ptr(), value_pool.data_ptr(), out.data_ptr(), tables.data_ptr(),
+        tables.shape[1], rows[0].data_ptr(), rows[1].data_ptr(), rows[2].data_ptr(), rows.shape[1], q.shape[1],
+        key_pool.shape[0], q.shape[2], value_pool.shape[-1], key_pool.shape[1], block_size, scale,
+        torch.get_num_threads())
+    return out
