@@ -1,6 +1,6 @@
-"""Attention over the paged cache (`engine/paged_cache.py`): the in-place kernel and the gathered
-SDPA path both equal attention written out by hand, for rows of mixed query lengths and block
-tables in any order, in float64, float32 and bfloat16."""
+"""Attention over the paged cache (`engine/paged_cache.py`): the in-place kernel (float64, float32)
+and the gathered SDPA path (every dtype) both equal attention written out by hand, for rows of
+mixed query lengths and block tables in any order."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def by_hand(q, keys, values, scale):
                                                   (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("kernel", [True, False])
 def test_attention_over_blocks_is_attention(monkeypatch, dtype, tolerance, kernel):
-    if kernel and paged_kernel.load() is None:
-        pytest.skip("no C compiler here: the gathered path is the one that runs")
+    if kernel and (paged_kernel.load() is None or dtype == torch.bfloat16):
+        pytest.skip("the kernel does not run here (no C compiler) or for this dtype")
     if not kernel:
         monkeypatch.setattr(paged_cache, "KERNEL_MAX_QUERY_LEN", 0)
     generator = torch.Generator().manual_seed(0)

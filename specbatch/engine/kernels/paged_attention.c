@@ -2,9 +2,8 @@
  * its blocks through its block table once per KV head, for all its query positions and all the
  * query heads sharing that KV head, with an online softmax, so no row's KV is copied first.
  *
- * Layouts (contiguous): q [tokens, heads, dim] and out [tokens, heads, value_dim] in the
- * accumulation type (float32, or float64 for float64 pools); pools [kv_heads, positions, dim] of
- * float32, float64 or bfloat16 (as uint16); tables [rows, table_stride] block ids. Row r's tokens
+ * Layouts (contiguous): q [tokens, heads, dim], out [tokens, heads, value_dim] and the pools
+ * [kv_heads, positions, dim], all float32 or all float64; tables [rows, table_stride] block ids. Row r's tokens
  * are row_first[r] .. + row_tokens[r] - 1, at positions row_start[r] ..; token i of the row sees
  * positions 0 .. row_start[r] + i (causal). Two passes per row and KV head: every lane's scores
  * (lane = query position x query head), then the weighted values; each key and value is read once.
@@ -14,12 +13,6 @@
 #include <stdlib.h>
 
 #define MAX_DIM 256
-
-static inline float bf16_to_float(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
-}
 
 #define DEFINE_KERNEL(NAME, QT, KT, LOAD, EXP)                                                           \
 void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_t *tables,              \
@@ -81,8 +74,6 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
 }
 
 #define AS_IS(x) (x)
-#define FROM_BF16(x) bf16_to_float(x)
 
 DEFINE_KERNEL(paged_attention_f32, float, float, AS_IS, expf)
 DEFINE_KERNEL(paged_attention_f64, double, double, AS_IS, exp)
-DEFINE_KERNEL(paged_attention_bf16, float, uint16_t, FROM_BF16, expf)
