@@ -1,12 +1,11 @@
-"""A preallocated per-slot KV cache that Hugging Face attention layers write into.
+"""A preallocated per-slot KV cache: an EAGLE head's, one slot (lane) per running row.
 
-Each running request owns one *slot*: a row of every layer's key/value tensor
-`[num_slots, num_kv_heads, max_len, head_dim]`. A pass writes its new keys at per-row positions
-(`bind`), so rows of different lengths share one forward. Rejected draft positions need no undo:
-the row's valid length is a scalar the engine keeps, the attention mask hides everything past it,
-and the next pass overwrites those positions. Why not `DynamicCache`: it has no per-row crop and
-concatenates (copies) the whole cache on every update; here an update writes only the new rows and
-a contiguous batch of slots is read as a view, without a copy.
+The models' KV is paged (`paged_cache.py`); the EAGLE head keeps this small one-layer cache by
+lane, since its KV at a position was fed the target's features there and is never shared. Each
+row owns a row of the key/value tensor `[num_slots, num_kv_heads, max_len, head_dim]`; a pass writes
+its new keys at per-row positions (`bind`). Rejected draft positions need no undo: the row's valid
+length is a scalar the engine keeps, the mask hides everything past it, and the next pass
+overwrites those positions.
 """
 
 from __future__ import annotations
@@ -74,20 +73,6 @@ class SlotCache(Cache):
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         return self._kv_len, 0
-
-    def copy_slot(self, src: int, dst: int, end: int, start: int = 0) -> None:
-        """Copy positions [start, end) of one slot into another: a row moving (compaction keeps rows
-        contiguous), or a shared prefix a row takes instead of computing it."""
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys[dst, :, start:end] = keys[src, :, start:end]
-            values[dst, :, start:end] = values[src, :, start:end]
-
-    def swap_slots(self, a: int, b: int, length: int) -> None:
-        for keys, values in zip(self.keys, self.values, strict=True):
-            for tensor in (keys, values):
-                held = tensor[a, :, :length].clone()
-                tensor[a, :, :length] = tensor[b, :, :length]
-                tensor[b, :, :length] = held
 
 
 def causal_slot_mask(
