@@ -7,7 +7,7 @@ row over a long context) that copy cost more than the attention itself (SmolLM2 
 position after 256: gathering 48 ms of a 149 ms pass, SDPA 15 ms). The kernel reads the blocks in
 place: the same pass 121 ms; at 32 rows x 5 positions 292 ms against 283 ms gathered, at 8 x 5 111
 against 106 (`benchmarks/model_step.py`, one run each). It is plain C (no torch headers), so it builds in about a
-second; built once per source and compiler flags into `$SPECBATCH_CACHE_DIR/kernels/`. Where no
+second; built once per source, compiler flags and machine into `$SPECBATCH_CACHE_DIR/kernels/`. Where no
 compiler works, `load()` returns None and attention gathers (`paged_cache.attend`), as exact.
 """
 
@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -52,7 +53,9 @@ def load() -> ctypes.CDLL | None:
     if compiler is None:
         log.info("no C compiler: paged attention gathers blocks instead")
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    # -march=native code runs only where it was built: the machine is part of the name (a shared home)
+    machine = " ".join([platform.node(), platform.machine(), torch.backends.cpu.get_cpu_capability()])
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, machine]).encode()).hexdigest()[:16]
     library = cache_dir() / f"paged_attention-{digest}.so"
     try:
         if not library.exists():
