@@ -4,12 +4,10 @@ At the sizes speculative decoding drafts with, a pass costs its per-operator ove
 arithmetic (the bundled target: 12 MFLOP in 5.2 ms eager at batch 1). `compile` runs those passes
 through `torch.compile` (Inductor's fused kernels on a CPU); `cuda-graphs` adds CUDA graph replay
 (`reduce-overhead`). Graphs are compiled with dynamic shapes, so the batch, query and KV lengths of
-a pass are symbols, not a graph each. What still splits graphs is a size of 1, which Inductor
-specializes: graph modes pad batches to 2 rows (`sched.factory.job_buckets`), padded rows taking
-the free slots after the real ones so that the cache still reads the batch as one view (a batch
-whose next slots are all taken gathers, and compiles that path when first met). CUDA graphs replay
-fixed shapes: there the bucket set bounds how many are recorded. Prefill passes stay eager: they
-are compute-bound, and their many query lengths gain nothing from a graph. Greedy outputs are
+a pass are symbols, not a graph each. Passes are flat (`engine/forward.py`): the token count is
+the symbol, and no row or token is padded; a warm-up runs one pass per bucket shape on scratch block
+tables before the first round (`engine/build._warm_up`). CUDA graphs replay fixed shapes: there the
+bucket set bounds how many are recorded. Greedy outputs are
 checked against the target's own eager decoding (tests/test_graphs.py); fused kernels round
 differently, as another batch shape does.
 """
