@@ -198,15 +198,21 @@ def test_a_gguf_whose_header_cannot_fit_the_file_is_refused_by_the_path_check(tm
         resolve_model_path(str(file))
 
 
-def test_submit_of_a_gguf_with_absurd_counts_exits_2_in_one_line_and_leaves_no_job(tmp_path):
-    file = _absurd_gguf(tmp_path / "bad.gguf", "tensor_count")
+def submit_refused_in_one_line(tmp_path, model) -> list[str]:
+    """`specbatch submit` of a one-record job on `model`: it exits 2 with one line on stderr."""
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     done = subprocess.run([sys.executable, "-m", "specbatch.cli", "submit", str(dataset), "--set",
-                           f"models.target={file}", "--drafter", "none", "--output", str(tmp_path / "out")],
+                           f"models.target={model}", "--drafter", "none", "--output", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "400", "SPECBATCH_CACHE_DIR": str(tmp_path / "cache")})
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    return lines
+
+
+def test_submit_of_a_gguf_with_absurd_counts_exits_2_in_one_line_and_leaves_no_job(tmp_path):
+    file = _absurd_gguf(tmp_path / "bad.gguf", "tensor_count")
+    lines = submit_refused_in_one_line(tmp_path, file)
     assert f"declares {2**63 - 1} tensors" in lines[0] and not (tmp_path / "out").exists()
 
 
@@ -319,12 +325,6 @@ def test_smollm2_decodes_as_transformers_reads_the_gguf():
 @pytest.mark.slow  # a CLI job (~20 s); the refusal itself is tested directly above
 def test_submit_of_an_unloadable_gguf_is_one_line_and_exit_2(tmp_path):
     file = write_header_only_gguf(tmp_path / "rwkv.gguf", gguf.MODEL_ARCH.RWKV6)
-    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
-    done = subprocess.run([sys.executable, "-m", "specbatch.cli", "submit", str(dataset), "--set",
-                           f"models.target={file}", "--drafter", "none", "--output", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "400", "SPECBATCH_CACHE_DIR": str(tmp_path / "cache")})
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    lines = submit_refused_in_one_line(tmp_path, file)
     assert "architecture 'rwkv6'" in lines[0] and "not supported" in lines[0]
     assert [p.name for p in (tmp_path / "out").glob("*") if not p.name.startswith(".")] == []  # no job directory
