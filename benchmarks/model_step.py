@@ -1,6 +1,7 @@
 """One model step, side by side: transformers' modeling code and the native Llama step
 (`engine/native_llama.py`) over the same paged cache, at a dtype, for decode-shaped passes
-(rows x verify positions after a context), and the machine's GEMM peak at that dtype.
+(rows x verify positions after a context), and the machine's GEMM peak at that dtype
+(`specbatch/lab/gemm_peak.py`, cached per machine).
 
     python benchmarks/model_step.py --model smollm2-135m --dtype float32,bfloat16 --rows 1,8,32 --query 1,5
 
@@ -23,19 +24,9 @@ from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.loading import kv_shape
 from specbatch.engine.native_llama import NativeLlama
 from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
+from specbatch.lab.gemm_peak import gemm_peak, mfu
 
 BLOCK = 16
-
-
-def gemm_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - started)
-    return 2 * size**3 / min(times) / 1e9
 
 
 def time_pass(model: PagedModel, rows: int, query_len: int, context: int, repeats: int) -> float:
@@ -64,7 +55,7 @@ def main() -> None:
           f"{'tok/s':>8} {'MFU':>6}")
     for dtype_name in args.dtype.split(","):
         dtype = getattr(torch, dtype_name)
-        peak = gemm_peak_gflops(dtype)
+        peak = gemm_peak(dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME).eval()
         params = sum(p.numel() for p in model.parameters())
         shape = kv_shape(model)
@@ -77,10 +68,10 @@ def main() -> None:
                 hf_ms = time_pass(hf, rows, query_len, args.context, args.repeats)
                 native_ms = time_pass(native, rows, query_len, args.context, args.repeats)
                 tokens_per_s = rows * query_len / native_ms * 1000
-                mfu = tokens_per_s * 2 * params / (peak * 1e9)
+                utilisation = mfu(tokens_per_s, params, peak.gflops)
                 print(f"{dtype_name:9} {rows:4} {query_len:5} {hf_ms:8.1f} {native_ms:9.1f} {native_ms / hf_ms:9.2f} "
-                      f"{tokens_per_s:8.0f} {mfu:6.1%}")
-        print(f"{dtype_name}: GEMM peak {peak:.0f} GFLOPS (2048^3), {params / 1e6:.0f}M parameters")
+                      f"{tokens_per_s:8.0f} {utilisation:6.1%}")
+        print(f"{dtype_name}: {peak.describe()}, {params / 1e6:.0f}M parameters")
 
 
 if __name__ == "__main__":

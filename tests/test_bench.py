@@ -8,13 +8,15 @@ import json
 from dataclasses import fields
 
 import pytest
+import torch
 from rich.console import Console
 
 from specbatch.config import JobConfig
 from specbatch.core import Row, SamplingParams
 from specbatch.engine.loading import load_tokenizer
 from specbatch.engine.model_paths import BUNDLED_DIR
-from specbatch.lab.bench import run_bench, summarize_engine
+from specbatch.lab import gemm_peak
+from specbatch.lab.bench import BenchResult, add_mfu, run_bench, summarize_engine, write_json
 from specbatch.lab.prompts import file_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
@@ -46,6 +48,34 @@ def test_a_bench_of_drafters_the_config_does_not_name_runs_and_repeats():
     assert [r.name for r in results] == ["hf-generate", "specbatch-none", "specbatch-draft-fixed:2", "hf-assisted"]
     assert all(r.exact_match == 1.0 for r in results)
     assert [r.num_runs for r in results] == [2, 2, 2, 1]
+
+
+@pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")
+def test_every_row_reports_its_mfu_against_the_peak_measured_before_the_runs(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("SPECBATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gemm_peak, "measure_gflops", lambda dtype, device: 100.0)
+    out = io.StringIO()
+    results = run_bench(1, 4, (1,), drafters=("none",), console=Console(file=out, width=400))
+    num_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(BUNDLED_DIR / "target").parameters())
+    assert [r.name for r in results] == ["hf-generate", "specbatch-none"]
+    for result in results:
+        assert result.gemm_peak_gflops == 100.0
+        assert result.mfu == pytest.approx(result.tokens_per_s * 2 * num_params / 100e9)
+    table = out.getvalue()
+    assert " MFU " in table and "100 GFLOPS float32 GEMM peak (2048³, measured)" in table
+    write_json(results, tmp_path / "bench.json")
+    assert all("mfu" in row for row in json.loads((tmp_path / "bench.json").read_text())["results"])
+
+
+def test_a_row_that_did_not_run_has_no_mfu():
+    peak = gemm_peak.GemmPeak(200.0, torch.float32, 2048, cached=True)
+    ran = BenchResult(name="vllm-none", tokens_per_s=1000.0, exact_match=1.0, num_prompts=1, num_tokens=1, wall_s=1.0)
+    failed = BenchResult(name="vllm-eagle-k4", tokens_per_s=0.0, exact_match=0.0, num_prompts=0, num_tokens=0,
+                         wall_s=0.0, error="ValueError: no")
+    add_mfu([ran, failed], 10_000_000, peak)
+    assert ran.mfu == pytest.approx(0.1) and failed.mfu is None  # 1000 × 2 × 10M = 20 of 200 GFLOPS
 
 
 def _round(**values) -> RoundRecord:

@@ -5,8 +5,10 @@ each graph-mode row compiled anew into an empty cache, as a new job's worker doe
 in `tokens_per_s_job`: the rate of a job of `job_prompts` such prompts that pays them once.
 
 Speed claims live here, never in timed unit tests. Every row also reports the work behind its
-speed (target passes and rows per token, padding apart, acceptance) and `exact_match` against the
-target's own greedy decoding of each prompt alone. `Work`, `run_engine` and `print_rows` are shared
+speed (target passes and rows per token, padding apart, acceptance), its model FLOP utilisation
+against the machine's GEMM peak at the target's dtype (`lab/gemm_peak.py`; measured once per run,
+before anything is timed, or read from the cache) and `exact_match` against the target's own greedy
+decoding of each prompt alone. `Work`, `run_engine` and `print_rows` are shared
 with the policy suite (`lab.policy_suite`), so both report the same quantities under the same names.
 """
 
@@ -40,6 +42,7 @@ from specbatch.lab.constrained_workloads import (
     masked_greedy_references,
     valid_share,
 )
+from specbatch.lab.gemm_peak import GemmPeak, gemm_peak, mfu
 from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
@@ -93,6 +96,8 @@ class BenchResult:
     name: str
     tokens_per_s: float
     batch_rows: int | None = None
+    mfu: float | None = None  # tokens_per_s × 2 × the target's parameters ÷ gemm_peak_gflops (lab/gemm_peak.py)
+    gemm_peak_gflops: float | None = None  # the machine's GEMM peak at the target's dtype
     ratio_vs_hf_generate: float | None = None  # at the same batch size
     ratio_vs_none: float | None = None  # to specbatch-none (eager) at the same batch size
     # the work behind the speed (Work.rates); None where the library does not expose it
@@ -331,6 +336,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         source = f"held-out code and prose, max_new_tokens 16..{max_new_tokens}"
     console.print(f"[bold]bench[/] {len(prompts)} prompts from {source}, batch rows {', '.join(map(str, batch_sizes))}")
     hf_logging.set_verbosity_error()
+    num_params = sum(p.numel() for p in models.target.parameters())
+    peak = gemm_peak(next(models.target.parameters()).dtype, str(models.target.device))  # before anything is timed
     # the target's own greedy decoding (under its masks where constrained); also warms the target up
     constrained = any(prompt.constraint is not None for prompt in prompts)
     refs = masked_greedy_references(models, prompts) if constrained else greedy_references(models, prompts)
@@ -352,7 +359,9 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         results.append(bench_result("hf-assisted", outputs, refs, time.perf_counter() - started))
         results[-1].batch_rows = 1  # against hf-generate at the smallest batch size run
         results[-1].ratio_vs_hf_generate = results[-1].tokens_per_s / results[0].tokens_per_s
+    add_mfu(results, num_params, peak)
     print_rows(console, "specbatch bench", [asdict(r) for r in results], COLUMNS)
+    console.print(mfu_basis(num_params, peak))
     if peer is not None:  # after the table: a peer that fails late loses none of specbatch's rows
         fixed = [LookaheadSpec.parse(la).k for la in lookaheads if la.startswith("fixed:")]
         k = next((k for k in fixed if k), base.scheduler.lookahead.k or 4)
@@ -364,9 +373,23 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         except (PeerError, subprocess.TimeoutExpired) as error:
             console.print(f"[red]peer failed[/]: {error}")
             return results
-        results += _peer_rows(peer_results, refs, results, k)
+        results += add_mfu(_peer_rows(peer_results, refs, results, k), num_params, peak)  # run at the same dtype
         print_rows(console, "specbatch bench, with the peer", [asdict(r) for r in results], COLUMNS)
+        console.print(mfu_basis(num_params, peak))
     return results
+
+
+def add_mfu(results: list[BenchResult], num_params: int, peak: GemmPeak) -> list[BenchResult]:
+    """Set every row's MFU (rows that did not run keep None); returns `results`."""
+    for result in results:
+        if result.error is None:
+            result.mfu, result.gemm_peak_gflops = mfu(result.tokens_per_s, num_params, peak.gflops), peak.gflops
+    return results
+
+
+def mfu_basis(num_params: int, peak: GemmPeak) -> str:
+    """The line under the table that says what MFU divides by."""
+    return f"MFU: tokens/s × 2 × {num_params / 1e6:.3g}M target parameters ÷ {peak.describe()}"
 
 
 def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> list[BenchResult]:
@@ -469,7 +492,7 @@ def _median(runs: list[BenchResult]) -> BenchResult:
 
 
 COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("tok/s", ".1f"),
-           "ratio_vs_none": ("× none", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
+           "mfu": ("MFU", ".1%"), "ratio_vs_none": ("× none", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
            "target_passes_per_token": ("passes/tok", ".3f"), "target_rows_per_token": ("rows/tok", ".3f"),
            "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"), "alpha": ("α", ".3f"),
            "prefilled_share": ("prefilled", ".3f"), "prefill_padding_share": ("pf pad", ".3f"),

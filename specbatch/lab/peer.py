@@ -18,6 +18,7 @@ from specbatch.config import ConfigError, JobConfig
 from specbatch.engine.build import Models, eos_token_ids, kv_bytes_per_token, max_context
 from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.model_paths import resolve_dir
+from specbatch.lab.gemm_peak import dtype_name
 from specbatch.lab.prompts import BenchPrompt
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
@@ -54,6 +55,7 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
         "num_speculative_tokens": max(num_speculative_tokens, 1),
         "ngram_min": config.drafter.ngram_min, "ngram_max": config.drafter.ngram_max,
         "max_model_len": max_model_len, "enforce_eager": False,
+        "dtype": dtype_name(next(models.target.parameters()).dtype),  # the engine's: rows and MFU compare alike
         # explicit, because vLLM's CPU build otherwise reserves a fraction of the machine's memory and
         # refuses to start when less is free (as inside a bench that holds the models and HF's batches);
         # every row at full length, twice over (a head's draft layers, block rounding)

@@ -2,8 +2,8 @@
 
 Reads a JSON request from `specbatch.lab.peer` (model paths, token-id prompts with their
 max_new_tokens, batch sizes, modes, automatic prefix caching on and/or off), and for each batch size,
-mode and prefix-caching setting starts one engine, times its
-start-up apart, runs every prompt as a `TokensPrompt` (greedy, fp32) and writes token ids and seconds.
+mode and prefix-caching setting starts one engine, times its start-up apart, runs every prompt as
+a `TokensPrompt` (greedy, at the dtype the target runs at in specbatch) and writes token ids and seconds.
 A mode the engine refuses is reported with its error instead of stopping the others. This file
 imports only vLLM and the standard library: the project's venv cannot import vLLM, nor this one specbatch.
 
@@ -38,7 +38,7 @@ def run_mode(mode: str, batch_rows: int, request: dict, prefix_caching: bool = T
     from vllm.inputs import TokensPrompt
 
     started = time.perf_counter()
-    llm = LLM(model=request["target"], tokenizer=request["target"], skip_tokenizer_init=True, dtype="float32",
+    llm = LLM(model=request["target"], tokenizer=request["target"], skip_tokenizer_init=True, dtype=request["dtype"],
               max_num_seqs=batch_rows, max_model_len=request["max_model_len"],
               kv_cache_memory_bytes=request["kv_cache_bytes"], enforce_eager=request["enforce_eager"],
               speculative_config=speculative_config(mode, request), enable_prefix_caching=prefix_caching, seed=0)
