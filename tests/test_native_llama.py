@@ -57,8 +57,8 @@ def test_fused_weights_are_the_models_own():
     model = family_model("qwen2")
     native = NativeLlama(model)
     attention = model.model.layers[0].self_attn
-    assert attention.k_proj.weight.data_ptr() == native.layers[0].qkv[attention.q_proj.weight.shape[0]:].data_ptr()
-    assert attention.v_proj.bias.data_ptr() != 0 and native.layers[0].qkv_bias is not None
+    assert attention.k_proj.weight.data_ptr() == native.layers[0].qkv.weight[attention.q_proj.weight.shape[0]:].data_ptr()
+    assert attention.v_proj.bias.data_ptr() != 0 and native.layers[0].qkv.bias is not None
 
 
 def test_families_without_a_native_step_say_why():

@@ -6,9 +6,11 @@ one matrix multiply does (q, k, v), two where one does (gate, up), the rotary ta
 rebuilt every pass. Here each layer is RMSNorm, one fused QKV GEMM, rotary, a write into the paged
 cache, attention over it (`paged_cache.attend`), the output projection, RMSNorm, one fused gate-up
 GEMM, SiLU and the down projection: the same maths in the same order and precision as the Hugging
-Face layers (RMSNorm in float32, as theirs), on the same weights. The fused weights are the only
-copy: the model's own projections become views into them, so the Hugging Face path keeps working
-(a `generate` baseline, training) at no extra memory.
+Face layers (RMSNorm in float32, as theirs), on the same weights. The fused weights are the model's
+own: its projections become views into them, so the Hugging Face path keeps working (a `generate`
+baseline, training). On a CPU each GEMM's weight is also packed once for oneDNN
+(`engine/packed_linear.py`): a second copy of the weights, for GEMMs up to twice as fast at decoding's
+row counts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from specbatch.engine.packed_linear import PackedLinear
 from specbatch.engine.paged_cache import PagedKVCache, PassLayout, attend
 
 NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -40,14 +43,13 @@ def native_reason(model: PreTrainedModel) -> str | None:
 @dataclass
 class _Layer:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [q + 2·kv dims, hidden]
-    qkv_bias: torch.Tensor | None
+    qkv: PackedLinear  # hidden -> q + 2·kv dims
     q_norm: torch.Tensor | None  # [head_dim] (Qwen3's per-head RMSNorm)
     k_norm: torch.Tensor | None
-    out: torch.Tensor  # [hidden, q dims]
+    out: PackedLinear  # q dims -> hidden
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2·intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: PackedLinear  # hidden -> 2·intermediate
+    down: PackedLinear  # intermediate -> hidden
 
 
 class NativeLlama:
@@ -56,7 +58,8 @@ class NativeLlama:
     def __init__(self, model: PreTrainedModel) -> None:
         config = model.config.get_text_config()
         inner: Any = model.model
-        self.embed, self.rotary, self.lm_head = inner.embed_tokens, inner.rotary_emb, model.lm_head
+        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self.lm_head = PackedLinear(model.lm_head.weight, model.lm_head.bias)
         self.final_norm = inner.norm.weight
         self.eps = config.rms_norm_eps
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -90,7 +93,7 @@ class NativeLlama:
     def _layer(self, layer: _Layer, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                cache: PagedKVCache, layout: PassLayout) -> torch.Tensor:
         num_tokens, dim = hidden.shape[0], self.head_dim
-        qkv = F.linear(_rms_norm(hidden, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+        qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, self.eps))
         q_dims, kv_dims = self.num_heads * dim, self.num_kv_heads * dim
         q = qkv[:, :q_dims].view(num_tokens, self.num_heads, dim)
         k = qkv[:, q_dims : q_dims + kv_dims].view(num_tokens, self.num_kv_heads, dim)
@@ -100,9 +103,9 @@ class NativeLlama:
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         cache.write(index, k, v, layout)
         attended = attend(q, cache.keys[index], cache.values[index], layout, self.scaling)  # [tokens, heads, dim]
-        hidden = hidden + F.linear(attended.reshape(num_tokens, q_dims), layer.out)
-        gate, up = F.linear(_rms_norm(hidden, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
-        return hidden + F.linear(F.silu(gate) * up, layer.down)
+        hidden = hidden + layer.out(attended.reshape(num_tokens, q_dims))
+        gate, up = layer.gate_up(_rms_norm(hidden, layer.post_norm, self.eps)).chunk(2, dim=-1)
+        return hidden + layer.down(F.silu(gate) * up)
 
 
 def _fuse(layer: Any) -> _Layer:
@@ -115,9 +118,9 @@ def _fuse(layer: Any) -> _Layer:
         bias = _concat_into(attention.q_proj, attention.k_proj, attention.v_proj, name="bias")
     gate_up = _concat_into(mlp.gate_proj, mlp.up_proj)
     q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
-    return _Layer(layer.input_layernorm.weight, qkv, bias, q_norm.weight if q_norm is not None else None,
-                  k_norm.weight if k_norm is not None else None, attention.o_proj.weight,
-                  layer.post_attention_layernorm.weight, gate_up, mlp.down_proj.weight)
+    return _Layer(layer.input_layernorm.weight, PackedLinear(qkv, bias), q_norm.weight if q_norm is not None else None,
+                  k_norm.weight if k_norm is not None else None, PackedLinear(attention.o_proj.weight),
+                  layer.post_attention_layernorm.weight, PackedLinear(gate_up), PackedLinear(mlp.down_proj.weight))
 
 
 def _concat_into(*linears: Any, name: str = "weight") -> torch.Tensor:

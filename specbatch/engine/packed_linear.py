@@ -1,0 +1,45 @@
+"""Linear layers whose weights are reordered once into oneDNN's blocked layout, for the CPU.
+
+`F.linear` on a CPU hands the weight to the GEMM library in PyTorch's row-major layout, and the
+library re-blocks it for its micro-kernel on every call. For the small row counts of decoding that
+re-blocking is a large share of the multiply: on this 2-core AVX-512/AMX machine, SmolLM2's
+projections at 8 rows ran 78-196 GFLOPS in float32 through `F.linear` and 141-250 prepacked; at 32
+rows 168-237 against 260-337; in bfloat16 (AMX) 32 rows 470-736 against 770-1,330
+(`benchmarks/model_step.py` and the issue 41 notes). Inductor's weight freezing does the same
+packing; doing it here keeps the step eager, with nothing to compile or warm up per shape.
+
+The packed copy is a second copy of the weight (the model's own stays, for transformers' code
+paths). Elsewhere (a GPU, float64, float16, a build without oneDNN, a CPU without bfloat16
+instructions) a layer is plain `F.linear` on the model's weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def packs(weight: torch.Tensor) -> bool:
+    """Whether this weight is packed for oneDNN here (CPU, float32, or bfloat16 where the CPU has it)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.float32:
+        return True
+    return weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class PackedLinear:
+    """y = x·Wᵀ + b with W packed once where `packs` says so, else `F.linear`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if packs(self.weight) else None
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
