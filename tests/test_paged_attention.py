@@ -1,5 +1,5 @@
-"""Attention over the paged cache (`engine/paged_cache.py`): the in-place kernel (float64, float32)
-and the gathered SDPA path (every dtype) both equal attention written out by hand, for rows of
+"""Attention over the paged cache (`engine/paged_cache.py`): the in-place kernel (float64, float32,
+bfloat16 pools) and the gathered SDPA path (every dtype) both equal attention written out by hand, for rows of
 mixed query lengths and block tables in any order."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def by_hand(q, keys, values, scale):
 
 
 @pytest.mark.parametrize(("dtype", "tolerance", "kernel"), [
-    (torch.float64, 1e-12, True), (torch.float32, 1e-5, True),  # the kernel serves these
+    (torch.float64, 1e-12, True), (torch.float32, 1e-5, True), (torch.bfloat16, 2e-2, True),  # the kernel's
     (torch.float64, 1e-12, False), (torch.float32, 1e-5, False), (torch.bfloat16, 2e-2, False),
 ])
 def test_attention_over_blocks_is_attention(monkeypatch, dtype, tolerance, kernel):

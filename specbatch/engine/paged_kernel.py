@@ -35,9 +35,15 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errn
 _INT64 = ctypes.c_int64
 _ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, ctypes.c_int]
 MAX_LANES, MAX_DIM = 64, 256  # the kernel's per-row buffers: query positions x query heads per KV head, head size
-# no bfloat16: through a float32 kernel it measured slower than gathered SDPA on AMX (SmolLM2, 32 rows
-# x 1: 118 vs 106 ms a pass) and rounded unlike transformers' bfloat16 attention
-_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64"}
+# by the pools' dtype; bfloat16 pools are read into float32 arithmetic (queries and outputs float32)
+_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
+              torch.bfloat16: "paged_attention_bf16"}
+_ARITHMETIC = {torch.bfloat16: torch.float32}
+# the most lanes a row may bring (query positions x query heads per KV head) for the kernel to beat a
+# gather and SDPA: its time grows with lanes, the gather's barely (`benchmarks/paged_attention_lanes.py`,
+# SmolLM2's heads, 32 rows after 256 positions, a layer, ms at 3 / 6 / 9 / 12 / 15 lanes: float32 kernel
+# 0.86 / 1.10 / 1.55 / 2.09 / 2.52, gathered 1.81-1.99; bfloat16 0.63 / 1.08 / 1.50 / 2.03 / 2.49, gathered 1.16-1.36)
+_WINNING_LANES = {torch.float32: 9, torch.float64: 9, torch.bfloat16: 6}
 
 
 def cache_dir() -> Path:
@@ -77,10 +83,11 @@ def load() -> ctypes.CDLL | None:
 
 def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, query_len: int) -> bool:
     """Whether the kernel serves rows of `query_len` positions over these tensors (CPU, a dtype it
-    reads, sizes within its buffers)."""
+    reads, sizes within its buffers, few enough lanes to be faster than a gather)."""
     heads, dim = query.shape[-2], query.shape[-1]
     return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
-            and query_len * heads // key_pool.shape[0] <= MAX_LANES and max(dim, value_pool.shape[-1]) <= MAX_DIM
+            and query_len * heads // key_pool.shape[0] <= min(MAX_LANES, _WINNING_LANES[key_pool.dtype])
+            and max(dim, value_pool.shape[-1]) <= MAX_DIM
             and load() is not None)
 
 
@@ -88,10 +95,10 @@ def attend(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, ta
            rows: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
     """q: [tokens, heads, dim], each row's tokens together; pools [kv_heads, positions, dim]; tables
     [rows, blocks]; rows: [3, rows] each row's first token, token count and first position.
-    Returns [tokens, heads, value_dim]."""
+    Returns [tokens, heads, value_dim], in float32 over bfloat16 pools."""
     library = load()
     assert library is not None
-    q = q.contiguous()
+    q = q.to(_ARITHMETIC.get(key_pool.dtype, key_pool.dtype)).contiguous()
     out = q.new_empty(q.shape[0], q.shape[1], value_pool.shape[-1])
     getattr(library, _FUNCTIONS[key_pool.dtype])(
         q.data_ptr(), key_pool.data_ptr(), value_pool.data_ptr(), out.data_ptr(), tables.data_ptr(),
