@@ -13,6 +13,7 @@ from specbatch.engine.build import load_models
 from specbatch.engine.forward import PagedModel
 from specbatch.engine.loading import kv_shape
 from specbatch.engine.native_llama import NativeLlama, native_reason
+from specbatch.engine.packed_linear import packs
 from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
 
 TINY = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -25,19 +26,24 @@ FAMILIES = {
 }
 
 
-def family_model(family: str) -> torch.nn.Module:
+def family_model(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     torch.manual_seed(3)
     config = AutoConfig.for_model(family, **FAMILIES[family])
-    return AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME, dtype=torch.float64).eval()
+    return AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME, dtype=dtype).eval()
 
 
+# float64: the same maths as Hugging Face's to rounding; float32: through GEMMs packed for oneDNN
+# (`engine/packed_linear.py`) with their fused residual, gate and SiLU, which round otherwise
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_a_native_pass_gives_the_familys_own_logits(family):
-    model = family_model(family)
+def test_a_native_pass_gives_the_familys_own_logits(family, dtype, tolerance):
+    model = family_model(family, dtype)
     assert native_reason(model) is None
     shape = kv_shape(model)
-    cache = PagedKVCache(shape.num_layers, 32, 4, shape.num_kv_heads, shape.head_dim, torch.float64, "cpu")
-    paged = PagedModel(model, cache, native=NativeLlama(model))
+    cache = PagedKVCache(shape.num_layers, 32, 4, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
+    native = NativeLlama(model)
+    assert (native.layers[0].qkv.packed is not None) == (dtype == torch.float32 and packs(native.lm_head.weight))
+    paged = PagedModel(model, cache, native=native)
     # three rows prefill their prompts but the last token, then verify windows of 2, 1 and 3 tokens
     prompts = [[5, 9, 17, 3, 44, 2, 8], [70, 33], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
     windows = [[prompts[0][-1], 7], [33], [prompts[2][-1], 1, 2]]
@@ -50,7 +56,7 @@ def test_a_native_pass_gives_the_familys_own_logits(family):
         with torch.no_grad():
             full = model(torch.tensor([prompt[:-1] + window])).logits[0]  # [prompt + drafts, vocab]
         expected.append(full[len(prompt) - 1 :])
-    torch.testing.assert_close(logits, torch.cat(expected), rtol=0, atol=1e-10)
+    torch.testing.assert_close(logits, torch.cat(expected), rtol=0, atol=tolerance)
 
 
 def test_fused_weights_are_the_models_own():

@@ -3,9 +3,10 @@ Qwen2, Qwen3).
 
 transformers' modeling code runs a pass as hundreds of small operators: three projections where
 one matrix multiply does (q, k, v), two where one does (gate, up), the rotary tables and masks
-rebuilt every pass. Here each layer is RMSNorm, one fused QKV GEMM, rotary, a write into the paged
-cache, attention over it (`paged_cache.attend`), the output projection, RMSNorm, one fused gate-up
-GEMM, SiLU and the down projection: the same maths in the same order and precision as the Hugging
+rebuilt every pass. Here each layer is RMSNorm, one fused QKV GEMM, rotary (queries and keys together), a write
+into the paged cache, attention over it (`paged_cache.attend`), the output projection with the
+residual added in the GEMM, RMSNorm, the gate GEMM with its SiLU, the up GEMM times the gate, and the
+down projection with the residual: the same maths in the same order and precision as the Hugging
 Face layers (RMSNorm in float32, as theirs), on the same weights. The fused weights are the model's
 own: its projections become views into them, so the Hugging Face path keeps working (a `generate`
 baseline, training). On a CPU each GEMM's weight is also packed once for oneDNN
@@ -48,7 +49,8 @@ class _Layer:
     k_norm: torch.Tensor | None
     out: PackedLinear  # q dims -> hidden
     post_norm: torch.Tensor
-    gate_up: PackedLinear  # hidden -> 2·intermediate
+    gate: PackedLinear  # hidden -> intermediate (halves of one fused gate-up weight)
+    up: PackedLinear
     down: PackedLinear  # intermediate -> hidden
 
 
@@ -92,20 +94,20 @@ class NativeLlama:
 
     def _layer(self, layer: _Layer, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                cache: PagedKVCache, layout: PassLayout) -> torch.Tensor:
-        num_tokens, dim = hidden.shape[0], self.head_dim
+        num_tokens, dim, heads = hidden.shape[0], self.head_dim, self.num_heads
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, self.eps))
-        q_dims, kv_dims = self.num_heads * dim, self.num_kv_heads * dim
-        q = qkv[:, :q_dims].view(num_tokens, self.num_heads, dim)
-        k = qkv[:, q_dims : q_dims + kv_dims].view(num_tokens, self.num_kv_heads, dim)
-        v = qkv[:, q_dims + kv_dims :].view(num_tokens, self.num_kv_heads, dim)
+        q_dims, kv_dims = heads * dim, self.num_kv_heads * dim
+        qk = qkv[:, : q_dims + kv_dims].view(num_tokens, heads + self.num_kv_heads, dim)
         if layer.q_norm is not None and layer.k_norm is not None:
-            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        cache.write(index, k, v, layout)
-        attended = attend(q, cache.keys[index], cache.values[index], layout, self.scaling)  # [tokens, heads, dim]
-        hidden = hidden + layer.out(attended.reshape(num_tokens, q_dims))
-        gate, up = layer.gate_up(_rms_norm(hidden, layer.post_norm, self.eps)).chunk(2, dim=-1)
-        return hidden + layer.down(F.silu(gate) * up)
+            qk = torch.cat((_rms_norm(qk[:, :heads], layer.q_norm, self.eps),
+                            _rms_norm(qk[:, heads:], layer.k_norm, self.eps)), dim=1)
+        qk = _rotate(qk, cos, sin)  # queries and keys in one go
+        v = qkv[:, q_dims + kv_dims :].view(num_tokens, self.num_kv_heads, dim)
+        cache.write(index, qk[:, heads:], v, layout)
+        attended = attend(qk[:, :heads], cache.keys[index], cache.values[index], layout, self.scaling)
+        hidden = layer.out.add(attended.reshape(num_tokens, q_dims), hidden)
+        normed = _rms_norm(hidden, layer.post_norm, self.eps)
+        return layer.down.add(layer.up.mul(normed, layer.gate.silu(normed)), hidden)
 
 
 def _fuse(layer: Any) -> _Layer:
@@ -118,9 +120,11 @@ def _fuse(layer: Any) -> _Layer:
         bias = _concat_into(attention.q_proj, attention.k_proj, attention.v_proj, name="bias")
     gate_up = _concat_into(mlp.gate_proj, mlp.up_proj)
     q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+    gate, up = gate_up.chunk(2)
     return _Layer(layer.input_layernorm.weight, PackedLinear(qkv, bias), q_norm.weight if q_norm is not None else None,
                   k_norm.weight if k_norm is not None else None, PackedLinear(attention.o_proj.weight),
-                  layer.post_attention_layernorm.weight, PackedLinear(gate_up), PackedLinear(mlp.down_proj.weight))
+                  layer.post_attention_layernorm.weight, PackedLinear(gate), PackedLinear(up),
+                  PackedLinear(mlp.down_proj.weight))
 
 
 def _concat_into(*linears: Any, name: str = "weight") -> torch.Tensor:
@@ -134,11 +138,11 @@ def _concat_into(*linears: Any, name: str = "weight") -> torch.Tensor:
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Hugging Face's Llama RMSNorm: in float32 whatever the model's dtype, then the weight."""
-    dtype = hidden.dtype
-    hidden = hidden.to(torch.float32)
-    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * hidden.to(dtype)
+    """Hugging Face's Llama RMSNorm: normalised in float32 whatever the model's dtype (float64 too),
+    rounded to it, then times the weight (in float32 one fused op, the same products in the same order)."""
+    if hidden.dtype == torch.float32:
+        return F.rms_norm(hidden, hidden.shape[-1:], weight, eps)
+    return weight * F.rms_norm(hidden.float(), hidden.shape[-1:], None, eps).to(hidden.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
