@@ -57,7 +57,7 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
             /* softmax per lane over the positions its token sees (0 .. start + token) */                \
             for (int64_t lane = 0; lane < lanes; lane++) {                                               \
                 int64_t seen = start + lane / group + 1;                                                 \
-                QT *row = scores + lane * end, high = -INFINITY, total = 0;                              \
+                QT *row = scores + lane * end, high = row[0], total = 0; /* no infinities: fast-math */  \
                 for (int64_t p = 0; p < seen; p++) high = row[p] > high ? row[p] : high;                 \
                 for (int64_t p = 0; p < seen; p++) { row[p] = EXP(row[p] - high); total += row[p]; }     \
                 for (int64_t p = 0; p < seen; p++) row[p] /= total;                                      \
