@@ -120,7 +120,9 @@ class ModelsConfig(_Section):
     draft: str | None = "bundled:draft"
     eagle: str | None = "bundled:eagle"  # an EAGLE-3 head in the public layout (drafter.kind = eagle)
     tokenizer: str | None = None  # defaults to the target's directory
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    # auto: bfloat16 where this machine's matrix units have it and measure faster, else float32; fixed
+    # in the job's manifest when it is created (engine/dtype_choice.py)
+    dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     draft_device: str | None = None  # the draft model's device; None: models.device
     graphs: Literal["eager", "compile", "cuda-graphs"] = "eager"  # decode-shaped passes (engine/graphs.py)

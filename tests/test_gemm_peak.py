@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbatch.lab import gemm_peak as module
-from specbatch.lab.gemm_peak import gemm_peak, measure_gflops, mfu
+from specbatch.engine import gemm_peak as module
+from specbatch.engine.gemm_peak import gemm_peak, measure_gflops, mfu
 
 
 def test_a_peak_is_measured_once_per_dtype_and_then_read_back(tmp_path, monkeypatch):

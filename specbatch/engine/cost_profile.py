@@ -95,7 +95,8 @@ def job_cost_model(config: JobConfig, target: PagedModel, draft: PagedModel | No
         started = time.perf_counter()
         profile = measure_passes(target, draft, row_counts(config.scheduler.max_batch_rows),
                                  query_lens(config.max_lookahead), repeats, key)
-        profile.description = f"{type(target.model).__name__}, {config.models.dtype}, {config.models.device}"
+        dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+        profile.description = f"{type(target.model).__name__}, {dtype}, {config.models.device}"
         path = save_profile(profile, fallback=fallback)
         log.info("timed %d passes in %.1f s: %s", len(profile.timings), time.perf_counter() - started, path)
     return profile.fit(fallback)

@@ -22,6 +22,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from specbatch.config import ModelsConfig
+from specbatch.engine.dtype_choice import concrete_dtype
 from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.model_paths import ModelLoadError
 from specbatch.engine.paged_cache import ATTENTION_NAME
@@ -129,7 +130,8 @@ def load_model(name: str, models: ModelsConfig, device: str | None = None) -> Pr
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=DTYPES[models.dtype], attn_implementation=ATTENTION_NAME,
+            path, config=config, dtype=DTYPES[concrete_dtype(models.dtype, models.device)],
+            attn_implementation=ATTENTION_NAME,
             trust_remote_code=models.trust_remote_code,
         )
     except (OSError, ValueError, KeyError) as error:

@@ -14,6 +14,7 @@ from pathlib import Path
 from specbatch.config import JobConfig
 from specbatch.data.ingest import resolve_dataset
 from specbatch.data.shards import shard_dataset
+from specbatch.engine.dtype_choice import AUTO, concrete_dtype
 from specbatch.engine.loading import context_limit, load_tokenizer
 from specbatch.job.drift import config_changes, record_config, refusal
 from specbatch.job.inputs import JobError
@@ -45,6 +46,7 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
         dataset_format = dataset_format or manifest.dataset.format
         column_map = column_map or manifest.dataset.column_map or None
     source = resolve_dataset(str(dataset), dataset_format, column_map)
+    config = with_concrete_dtype(config, manifest)
     if manifest is not None:
         if fingerprint(source.path) != manifest.dataset.fingerprint and not force:
             raise JobError(f"dataset {source.path} changed since job {location_name(job_dir)} started "
@@ -69,6 +71,17 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
     manifest.status = "ready"
     save_manifest(job_dir, manifest)
     return manifest
+
+
+def with_concrete_dtype(config: JobConfig, manifest: Manifest | None) -> JobConfig:
+    """`models.dtype: auto` made concrete before it is recorded: a resume keeps the dtype the job's
+    first outputs were made at (the manifest's), a new job takes what this machine runs fastest."""
+    if config.models.dtype != AUTO:
+        return config
+    recorded = manifest.config.get("models", {}).get("dtype") if manifest is not None else None
+    dtype = recorded if recorded not in (None, AUTO) else concrete_dtype(AUTO, config.models.device)
+    log.info("models.dtype auto: %s", dtype)
+    return config.model_copy(update={"models": config.models.model_copy(update={"dtype": dtype})})
 
 
 def max_prompt_tokens(config: JobConfig) -> int:

@@ -42,7 +42,7 @@ from specbatch.lab.constrained_workloads import (
     masked_greedy_references,
     valid_share,
 )
-from specbatch.lab.gemm_peak import GemmPeak, gemm_peak, mfu
+from specbatch.engine.gemm_peak import GemmPeak, gemm_peak, mfu
 from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
