@@ -4,6 +4,8 @@ mixed query lengths and block tables in any order."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -45,3 +47,13 @@ def test_attention_over_blocks_is_attention(monkeypatch, dtype, tolerance, kerne
     got = paged_cache.attend(q, keys, values, layout, 0.25)
     expected = by_hand(q.double(), keys.double(), values.double(), 0.25)
     torch.testing.assert_close(got.double(), expected, rtol=0, atol=tolerance)
+
+
+def test_loading_the_kernel_leaves_subnormals_alone():
+    """Its fast-math flags compile only: linked, gcc's start-up code would set flush-to-zero for the
+    whole process, changing torch's (and Python's) arithmetic on tiny numbers."""
+    if paged_kernel.load() is None:
+        pytest.skip("no C compiler here")
+    tiny = sys.float_info.min
+    assert tiny / 2 > 0
+    assert torch.tensor([tiny], dtype=torch.float64).div(2).item() > 0

@@ -3,9 +3,9 @@
 `F.linear` on a CPU hands the weight to the GEMM library in PyTorch's row-major layout, and the
 library re-blocks it for its micro-kernel on every call. For the small row counts of decoding that
 re-blocking is a large share of the multiply: on this 2-core AVX-512/AMX machine, SmolLM2's
-projections at 8 rows ran 78-196 GFLOPS in float32 through `F.linear` and 141-250 prepacked; at 32
-rows 168-237 against 260-337; in bfloat16 (AMX) 32 rows 470-736 against 770-1,330
-(`benchmarks/model_step.py` and the issue 41 notes). Inductor's weight freezing does the same
+projections at 8 rows ran 78-196 GFLOPS in float32 through `F.linear` and 141-250 packed; at 32
+rows 168-237 against 260-337; in bfloat16 (AMX) at 32 rows 470-736 against 770-1,330
+(`benchmarks/packed_gemm.py`). Inductor's weight freezing does the same
 packing; doing it here keeps the step eager, with nothing to compile or warm up per shape.
 
 The packed copy is a second copy of the weight (the model's own stays, for transformers' code

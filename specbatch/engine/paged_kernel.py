@@ -3,12 +3,13 @@ compiler on first use and loaded with ctypes.
 
 Why a kernel: attention over a paged cache through SDPA has to gather each row's blocks into a
 contiguous copy first, per layer and pass; for decode-shaped passes (a few verify positions per
-row over a long context) that copy cost more than the attention itself (SmolLM2 fp32, 32 rows x 1
-position after 256: gathering 48 ms of a 149 ms pass, SDPA 15 ms). The kernel reads the blocks in
-place: the same pass 121 ms; at 32 rows x 5 positions 292 ms against 283 ms gathered, at 8 x 5 111
-against 106 (`benchmarks/model_step.py`, one run each). It is plain C (no torch headers), so it builds in about a
-second; built once per source, compiler flags and machine into `$SPECBATCH_CACHE_DIR/kernels/`. Where no
-compiler works, `load()` returns None and attention gathers (`paged_cache.attend`), as exact.
+row over a long context) that copy costs more than the attention itself. The kernel reads the
+blocks in place: SmolLM2's heads, 32 rows x 1 position after 256, a layer 0.50 ms against 1.58
+gathered in float32, 0.43 against 1.11 in bfloat16; its time grows with the query positions, so
+past `_WINNING_LANES` a row gathers (`benchmarks/paged_attention_lanes.py`). It is plain C (no torch
+headers), so it builds in about a second; built once per source, compiler flags and machine into
+`$SPECBATCH_CACHE_DIR/kernels/`. Where no compiler works, `load()` returns None and attention gathers
+(`paged_cache.attend`), as exact.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
 # fast math: reassociated dot products and sums, and exponentials through the vector maths library,
 # which needs finite-only maths (the kernel starts each max from a score, not -inf); 512-bit vectors.
 # The kernel's time per layer halved with them (`benchmarks/paged_attention_lanes.py`, float32 32 rows
-# x 3 lanes 0.64 -> 0.49 ms, 15 lanes 2.36 -> 1.18)
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# x 3 lanes 0.64 -> 0.49 ms, 15 lanes 2.36 -> 1.18). They compile only: linked with them, gcc adds
+# start-up code that sets flush-to-zero for the whole process, which would change torch's arithmetic
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
 _INT64 = ctypes.c_int64
 _ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, ctypes.c_int]
 MAX_LANES, MAX_DIM = 64, 256  # the kernel's per-row buffers: query positions x query heads per KV head, head size
@@ -64,14 +67,17 @@ def load() -> ctypes.CDLL | None:
         return None
     # -march=native code runs only where it was built: the machine is part of the name (a shared home)
     machine = " ".join([platform.node(), platform.machine(), torch.backends.cpu.get_cpu_capability()])
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, machine]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, *LINK_FLAGS, machine]).encode()
+                            ).hexdigest()[:16]
     library = cache_dir() / f"paged_attention-{digest}.so"
     try:
         if not library.exists():
             library.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
-                built = Path(scratch) / library.name
-                subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
+                built, compiled = Path(scratch) / library.name, Path(scratch) / "paged_attention.o"
+                subprocess.run([compiler, *FLAGS, "-c", "-o", str(compiled), str(SOURCE)], check=True,
+                               capture_output=True, timeout=120)
+                subprocess.run([compiler, *LINK_FLAGS, "-o", str(built), str(compiled), "-lm"], check=True,
                                capture_output=True, timeout=120)
                 os.replace(built, library)  # atomic: workers building at once each rename a whole file
         loaded = ctypes.CDLL(str(library))
