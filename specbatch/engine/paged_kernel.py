@@ -49,7 +49,7 @@ _ARITHMETIC = {torch.bfloat16: torch.float32}
 # SmolLM2's heads, 32 rows after 256 positions, a layer, ms at 3 / 9 / 15 / 18 / 24 / 30 lanes: float32
 # kernel 0.50 / 0.94 / 1.25 / 1.45 / 2.02 / 2.45, gathered 1.6-2.7; bfloat16 0.43 / 0.81 / 1.22 / 1.48 /
 # 2.04 / 2.53, gathered 1.11-1.58)
-_WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 15}
+_WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 12}
 
 
 def cache_dir() -> Path:
