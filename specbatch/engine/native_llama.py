@@ -49,7 +49,8 @@ class _Layer:
     k_norm: torch.Tensor | None
     out: PackedLinear  # q dims -> hidden
     post_norm: torch.Tensor
-    gate: PackedLinear  # hidden -> intermediate (halves of one fused gate-up weight)
+    gate_up: torch.Tensor  # [2·intermediate, hidden]
+    gate: PackedLinear  # hidden -> intermediate: gate_up's halves, packed apart for their fused post-ops
     up: PackedLinear
     down: PackedLinear  # intermediate -> hidden
 
@@ -106,8 +107,16 @@ class NativeLlama:
         cache.write(index, qk[:, heads:], v, layout)
         attended = attend(qk[:, :heads], cache.keys[index], cache.values[index], layout, self.scaling)
         hidden = layer.out.add(attended.reshape(num_tokens, q_dims), hidden)
-        normed = _rms_norm(hidden, layer.post_norm, self.eps)
-        return layer.down.add(layer.up.mul(normed, layer.gate.silu(normed)), hidden)
+        return self._mlp(layer, _rms_norm(hidden, layer.post_norm, self.eps), hidden)
+
+    @staticmethod
+    def _mlp(layer: _Layer, normed: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + down(SiLU(gate(x)) · up(x)): packed, the gate and up GEMMs apart with the SiLU
+        and the product as their post-ops; unpacked, one gate-up GEMM (one call, not two)."""
+        if layer.gate.uses_packed(normed):
+            return layer.down.add(layer.up.mul(normed, layer.gate.silu(normed)), residual)
+        gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
+        return layer.down.add(F.silu(gate) * up, residual)
 
 
 def _fuse(layer: Any) -> _Layer:
@@ -123,7 +132,7 @@ def _fuse(layer: Any) -> _Layer:
     gate, up = gate_up.chunk(2)
     return _Layer(layer.input_layernorm.weight, PackedLinear(qkv, bias), q_norm.weight if q_norm is not None else None,
                   k_norm.weight if k_norm is not None else None, PackedLinear(attention.o_proj.weight),
-                  layer.post_attention_layernorm.weight, PackedLinear(gate), PackedLinear(up),
+                  layer.post_attention_layernorm.weight, gate_up, PackedLinear(gate), PackedLinear(up),
                   PackedLinear(mlp.down_proj.weight))
 
 

@@ -19,6 +19,15 @@ import torch
 import torch.nn.functional as F
 
 
+# multiply-adds (rows x in x out) from which the packed weight is used: oneDNN's call costs ~20 µs where
+# `F.linear`'s costs ~7 in float32, and MKL's small-row kernels are quick, so a smaller float32 GEMM
+# keeps `F.linear` (µs plain / packed: the bundled target's 256 -> 768 at 8 rows 16 / 25 and at 32
+# rows, 6.3M, 48 / 46; its 256 -> 4096 output layer at 8 rows, 8.4M, 132 / 104; SmolLM2's 576 -> 960 at
+# 16 rows, 8.8M, 88 / 66, and 1536 -> 576 at 8 rows, 7.1M, 72 / 93). `F.linear` in bfloat16 costs
+# 26-90 µs at any size, so there packed always (`benchmarks/packed_gemm.py`)
+MIN_PACKED_MACS = {torch.float32: 1 << 23, torch.bfloat16: 0}
+
+
 def packs(weight: torch.Tensor) -> bool:
     """Whether this weight is packed for oneDNN here (CPU, float32, or bfloat16 where the CPU has it)."""
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
@@ -29,37 +38,40 @@ def packs(weight: torch.Tensor) -> bool:
 
 
 class PackedLinear:
-    """y = x·Wᵀ + b with W packed once where `packs` says so, else `F.linear`; `add`, `mul` and
-    `silu` fuse the elementwise step that follows into the GEMM (oneDNN post-ops), saving a pass over
-    the output. In float32 the fused add and multiply round as the separate ops do; SiLU differs in
-    the last bit (oneDNN's exponential); in bfloat16 the post-op applies before the output is rounded."""
+    """y = x·Wᵀ + b with W packed once where `packs` says so (used from `MIN_PACKED_MACS`), else
+    `F.linear`; `add`, `mul` and `silu` fuse the elementwise step that follows into the GEMM (oneDNN
+    post-ops), saving a pass over the output. In float32 the fused add and multiply round as the
+    separate ops do; SiLU differs in the last bit (oneDNN's exponential); in bfloat16 the post-op
+    applies before the output is rounded."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if packs(self.weight) else None
+        self.min_rows = -(-MIN_PACKED_MACS.get(self.weight.dtype, 0) // self.weight.numel())  # ceil
 
-    def _fused(self, x: torch.Tensor) -> bool:
-        return self.packed is not None and x.dtype == self.weight.dtype
+    def uses_packed(self, x: torch.Tensor) -> bool:
+        """Whether `x` goes through the packed weight (else `F.linear`)."""
+        return self.packed is not None and x.dtype == self.weight.dtype and x.shape[0] >= self.min_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._fused(x):
+        if not self.uses_packed(x):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """other + x·Wᵀ + b (a residual connection)."""
-        if not self._fused(x):
+        if not self.uses_packed(x):
             return other + F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, "add")
 
     def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x·Wᵀ + b) · other, elementwise (a gated unit's up projection times its gate)."""
-        if not self._fused(x):
+        if not self.uses_packed(x):
             return F.linear(x, self.weight, self.bias) * other
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, "mul")
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """SiLU(x·Wᵀ + b)."""
-        if not self._fused(x):
+        if not self.uses_packed(x):
             return F.silu(F.linear(x, self.weight, self.bias))
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "swish", [], "")
