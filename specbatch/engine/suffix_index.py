@@ -55,11 +55,13 @@ class SuffixIndex:
 
     def add(self, token_ids: list[int]) -> None:
         """Index one whole sequence."""
+        created = 0
         for start in range(len(token_ids)):
             node = self.root
             for token in token_ids[start : start + self.max_depth]:
-                node = self._child(node, token)
-                node.count += 1
+                node, made = _count_child(node, token)
+                created += made
+        self.num_nodes += created
         self.num_tokens += len(token_ids)
 
     def remove(self, token_ids: list[int]) -> None:
@@ -108,14 +110,22 @@ class SuffixIndex:
             node = child
         return node
 
-    def _child(self, node: _Node, token: int) -> _Node:
-        if node.children is None:
-            node.children = {}
-        child = node.children.get(token)
-        if child is None:
-            child = node.children[token] = _Node()
-            self.num_nodes += 1
-        return child
+
+
+def _count_child(node: _Node, token: int) -> tuple[_Node, int]:
+    """`node`'s child for `token`, created if new (then 1, else 0), its count raised by one. The index's
+    hot loop (a suffix drafter indexes every prompt and committed token `max_depth` times): one
+    function, no method lookups."""
+    children = node.children
+    if children is None:
+        children = node.children = {}
+    child = children.get(token)
+    if child is None:
+        child = children[token] = _Node()
+        child.count = 1
+        return child, 1
+    child.count += 1
+    return child, 0
 
 
 def _size(node: _Node) -> int:
@@ -132,16 +142,19 @@ class GrowingSuffixIndex(SuffixIndex):
         self.frontier: deque[_Node] = deque()  # the path ends of the last max_depth − 1 starts
 
     def extend(self, token_ids: list[int]) -> None:
+        frontier, created, longest = self.frontier, 0, self.max_depth - 1
         for token in token_ids:
-            self.frontier.append(self.root)
+            frontier.append(self.root)
             ends: deque[_Node] = deque()
-            for node in self.frontier:
-                child = self._child(node, token)
-                child.count += 1
+            for node in frontier:
+                child, made = _count_child(node, token)
+                created += made
                 ends.append(child)
-            if len(ends) == self.max_depth:  # that start's substring is max_depth long: it ends here
+            if len(ends) > longest:  # that start's substring is max_depth long: it ends here
                 ends.popleft()
-            self.frontier = ends
+            frontier = ends
+        self.frontier = frontier
+        self.num_nodes += created
         self.num_tokens += len(token_ids)
 
 
