@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from specbatch.engine import fused_ops
 from specbatch.engine.packed_linear import PackedLinear
 from specbatch.engine.paged_cache import PagedKVCache, PassLayout, attend
 
@@ -80,7 +81,7 @@ class NativeLlama:
         final norm)."""
         hidden = self.embed(input_ids)  # [tokens, hidden]
         cos, sin = self.rotary(hidden[None], positions[None])  # [1, tokens, head_dim]
-        cos, sin = cos[0, :, None], sin[0, :, None]  # [tokens, 1, head_dim]
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [tokens, head_dim]
         states: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
             if index in feature_layers:
@@ -102,7 +103,8 @@ class NativeLlama:
         if layer.q_norm is not None and layer.k_norm is not None:
             qk = torch.cat((_rms_norm(qk[:, :heads], layer.q_norm, self.eps),
                             _rms_norm(qk[:, heads:], layer.k_norm, self.eps)), dim=1)
-        qk = _rotate(qk, cos, sin)  # queries and keys in one go
+        if not fused_ops.rotate_(qk, cos, sin):  # queries and keys in one go, in place where it can
+            qk = _rotate(qk, cos[:, None], sin[:, None])
         v = qkv[:, q_dims + kv_dims :].view(num_tokens, self.num_kv_heads, dim)
         cache.write(index, qk[:, heads:], v, layout)
         attended = attend(qk[:, :heads], cache.keys[index], cache.values[index], layout, self.scaling)
@@ -149,6 +151,9 @@ def _concat_into(*linears: Any, name: str = "weight") -> torch.Tensor:
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's Llama RMSNorm: normalised in float32 whatever the model's dtype (float64 too),
     rounded to it, then times the weight (in float32 one fused op, the same products in the same order)."""
+    fused = fused_ops.rms_norm(hidden, weight, eps)
+    if fused is not None:
+        return fused
     if hidden.dtype == torch.float32:
         return F.rms_norm(hidden, hidden.shape[-1:], weight, eps)
     return weight * F.rms_norm(hidden.float(), hidden.shape[-1:], None, eps).to(hidden.dtype)

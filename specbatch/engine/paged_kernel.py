@@ -6,37 +6,27 @@ contiguous copy first, per layer and pass; for decode-shaped passes (a few verif
 row over a long context) that copy costs more than the attention itself. The kernel reads the
 blocks in place: SmolLM2's heads, 32 rows x 1 position after 256, a layer 0.50 ms against 1.58
 gathered in float32, 0.43 against 1.11 in bfloat16; its time grows with the query positions, so
-past `_WINNING_LANES` a row gathers (`benchmarks/paged_attention_lanes.py`). It is plain C (no torch
-headers), so it builds in about a second; built once per source, compiler flags and machine into
-`$SPECBATCH_CACHE_DIR/kernels/`. Where no compiler works, `load()` returns None and attention gathers
-(`paged_cache.attend`), as exact.
+past `_WINNING_LANES` a row gathers (`benchmarks/paged_attention_lanes.py`). Built by `c_library`;
+where no compiler works, `load()` returns None and attention gathers (`paged_cache.attend`), as exact.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from specbatch.engine import c_library
 
 SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
 # fast math: reassociated dot products and sums, and exponentials through the vector maths library,
 # which needs finite-only maths (the kernel starts each max from a score, not -inf); 512-bit vectors.
 # The kernel's time per layer halved with them (`benchmarks/paged_attention_lanes.py`, float32 32 rows
-# x 3 lanes 0.64 -> 0.49 ms, 15 lanes 2.36 -> 1.18). They compile only: linked with them, gcc adds
-# start-up code that sets flush-to-zero for the whole process, which would change torch's arithmetic
+# x 3 lanes 0.64 -> 0.49 ms, 15 lanes 2.36 -> 1.18); they compile only, never link (`c_library`)
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
-LINK_FLAGS = ["-shared", "-fopenmp"]
 _INT64 = ctypes.c_int64
 _ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, ctypes.c_int]
 MAX_LANES, MAX_DIM = 64, 256  # the kernel's per-row buffers: query positions x query heads per KV head, head size
@@ -52,37 +42,13 @@ _ARITHMETIC = {torch.bfloat16: torch.float32}
 _WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 12}
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECBATCH_CACHE_DIR", Path.home() / ".cache" / "specbatch")) / "kernels"
-
-
 @cache
 def load() -> ctypes.CDLL | None:
     """The built kernel library, or None where it cannot be built here (logged once)."""
     if os.environ.get("SPECBATCH_PAGED_KERNEL", "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        log.info("no C compiler: paged attention gathers blocks instead")
-        return None
-    # -march=native code runs only where it was built: the machine is part of the name (a shared home)
-    machine = " ".join([platform.node(), platform.machine(), torch.backends.cpu.get_cpu_capability()])
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, *LINK_FLAGS, machine]).encode()
-                            ).hexdigest()[:16]
-    library = cache_dir() / f"paged_attention-{digest}.so"
-    try:
-        if not library.exists():
-            library.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
-                built, compiled = Path(scratch) / library.name, Path(scratch) / "paged_attention.o"
-                subprocess.run([compiler, *FLAGS, "-c", "-o", str(compiled), str(SOURCE)], check=True,
-                               capture_output=True, timeout=120)
-                subprocess.run([compiler, *LINK_FLAGS, "-o", str(built), str(compiled), "-lm"], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(built, library)  # atomic: workers building at once each rename a whole file
-        loaded = ctypes.CDLL(str(library))
-    except (OSError, subprocess.SubprocessError) as error:
-        log.warning("the paged attention kernel did not build (%s): attention gathers blocks instead", error)
+    loaded = c_library.build(SOURCE, FLAGS)
+    if loaded is None:
         return None
     for function in _FUNCTIONS.values():
         getattr(loaded, function).argtypes = _ARGS

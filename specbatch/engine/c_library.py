@@ -1,0 +1,58 @@
+"""Small C kernels built with the machine's compiler on first use, cached, and loaded with ctypes.
+
+Plain C (no torch headers) builds in about a second. A library is built once per source, compiler,
+flags and machine (`-march=native` code runs only where it was built, so the machine is part of the
+name, for a shared home) into `$SPECBATCH_CACHE_DIR/kernels/`, and renamed into place whole, so
+workers building at once never load half a file. Compile flags never reach the link: linked with
+fast-math flags, gcc adds start-up code that sets flush-to-zero for the whole process, which would
+change torch's arithmetic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+LINK_FLAGS = ["-shared", "-fopenmp"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECBATCH_CACHE_DIR", Path.home() / ".cache" / "specbatch")) / "kernels"
+
+
+def build(source: Path, flags: list[str]) -> ctypes.CDLL | None:
+    """`source` compiled with `flags` and linked as a shared library, or None where no compiler works
+    here (logged: the caller falls back to torch)."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        log.info("no C compiler: %s is not built, torch runs instead", source.name)
+        return None
+    machine = " ".join([platform.node(), platform.machine(), torch.backends.cpu.get_cpu_capability()])
+    digest = hashlib.sha256(source.read_bytes() + " ".join([compiler, *flags, *LINK_FLAGS, machine]).encode()
+                            ).hexdigest()[:16]
+    library = cache_dir() / f"{source.stem}-{digest}.so"
+    try:
+        if not library.exists():
+            library.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+                built, compiled = Path(scratch) / library.name, Path(scratch) / f"{source.stem}.o"
+                subprocess.run([compiler, *flags, "-c", "-o", str(compiled), str(source)], check=True,
+                               capture_output=True, timeout=120)
+                subprocess.run([compiler, *LINK_FLAGS, "-o", str(built), str(compiled), "-lm"], check=True,
+                               capture_output=True, timeout=120)
+                os.replace(built, library)  # atomic: workers building at once each rename a whole file
+        return ctypes.CDLL(str(library))
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("%s did not build (%s): torch runs instead", source.name, error)
+        return None

@@ -1,0 +1,73 @@
+"""RMSNorm and rotary embedding in one pass each (`kernels/norm_rotary.c`), for the native step on a CPU.
+
+torch runs a bfloat16 RMSNorm as eight operators (a conversion, squares, a mean, a root, two products,
+a conversion back, the weight) and rotary as six, each a pass over the activations and a dispatch:
+SmolLM2 in bfloat16 spent 11% of a 2,048-token prefill pass in RMSNorm alone (`torch.profiler`).
+These round exactly as the Hugging Face code does in bfloat16, and rotary in float32; RMSNorm's sum
+of squares in float32 is added in another order, as another reduction would (tests/test_fused_ops.py).
+Where the library cannot be built, or a tensor is not one it takes (another dtype or device, not
+contiguous), the callers run torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from specbatch.engine import c_library
+
+SOURCE = Path(__file__).with_name("kernels") / "norm_rotary.c"
+# products and sums not fused into FMAs (torch rounds each); the sum of squares may be reassociated
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno",
+         "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp", "-fPIC"]
+MAX_DIM = 1024  # rotary's per-head buffer
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    if os.environ.get("SPECBATCH_FUSED_OPS", "1") == "0":
+        return None
+    loaded = c_library.build(SOURCE, FLAGS)
+    if loaded is None:
+        return None
+    for suffix in _SUFFIX.values():
+        getattr(loaded, f"rms_norm_{suffix}").argtypes = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_double, ctypes.c_int]
+        getattr(loaded, f"rotary_{suffix}").argtypes = [_POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 3 + [ctypes.c_int]
+    return loaded
+
+
+def _serves(*tensors: torch.Tensor) -> bool:
+    dtype = tensors[0].dtype
+    return (dtype in _SUFFIX and all(t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
+                                     for t in tensors) and load() is not None)
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """Hugging Face's Llama RMSNorm of `hidden` [..., dim], or None where torch must run it."""
+    if not _serves(hidden, weight):
+        return None
+    out = torch.empty_like(hidden)
+    dim = hidden.shape[-1]
+    getattr(load(), f"rms_norm_{_SUFFIX[hidden.dtype]}")(
+        hidden.data_ptr(), weight.data_ptr(), out.data_ptr(), hidden.numel() // dim, dim, eps,
+        torch.get_num_threads())
+    return out
+
+
+def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotary embedding applied to x [tokens, heads, dim] in place with cos, sin [tokens, dim], as
+    `apply_rotary_pos_emb`; x's heads contiguous within a token, tokens any stride apart (a view into
+    a fused QKV output). False (x untouched) where torch must run it."""
+    tokens, heads, dim = x.shape
+    if not (x.stride(2) == 1 and x.stride(1) == dim and dim <= MAX_DIM and x.device.type == "cpu"
+            and x.dtype == cos.dtype and _serves(cos, sin)):
+        return False
+    getattr(load(), f"rotary_{_SUFFIX[x.dtype]}")(
+        x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, torch.get_num_threads())
+    return True
