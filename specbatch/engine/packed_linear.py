@@ -21,11 +21,11 @@ import torch.nn.functional as F
 
 # multiply-adds (rows x in x out) from which the packed weight is used: oneDNN's call costs ~20 µs where
 # `F.linear`'s costs ~7 in float32, and MKL's small-row kernels are quick, so a smaller float32 GEMM
-# keeps `F.linear` (µs plain / packed: the bundled target's 256 -> 768 at 8 rows 16 / 25 and at 32
-# rows, 6.3M, 48 / 46; its 256 -> 4096 output layer at 8 rows, 8.4M, 132 / 104; SmolLM2's 576 -> 960 at
-# 16 rows, 8.8M, 88 / 66, and 1536 -> 576 at 8 rows, 7.1M, 72 / 93). `F.linear` in bfloat16 costs
-# 26-90 µs at any size, so there packed always (`benchmarks/packed_gemm.py`)
-MIN_PACKED_MACS = {torch.float32: 1 << 23, torch.bfloat16: 0}
+# keeps `F.linear` (µs plain / packed: the bundled target's 256 -> 768 at 8 rows, 1.6M, 16 / 25, at 32
+# rows, 6.3M, 48 / 46; SmolLM2's 576 -> 960 at 8 rows, 4.4M, 69 / 46; its whole 8-row pass 55.9 ms with
+# 8M as the bound, 47.7 with 4M, `benchmarks/model_step.py`). `F.linear` in bfloat16 costs 26-90 µs at
+# any size, so there packed always (`benchmarks/packed_gemm.py`)
+MIN_PACKED_MACS = {torch.float32: 1 << 22, torch.bfloat16: 0}
 
 
 def packs(weight: torch.Tensor) -> bool:
