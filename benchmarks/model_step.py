@@ -20,11 +20,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specbatch.engine.forward import PagedModel
+from specbatch.engine.gemm_peak import gemm_peak, mfu
 from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.loading import kv_shape
 from specbatch.engine.native_llama import NativeLlama
 from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
-from specbatch.engine.gemm_peak import gemm_peak, mfu
 
 BLOCK = 16
 

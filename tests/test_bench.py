@@ -13,9 +13,9 @@ from rich.console import Console
 
 from specbatch.config import JobConfig
 from specbatch.core import Row, SamplingParams
+from specbatch.engine import gemm_peak
 from specbatch.engine.loading import load_tokenizer
 from specbatch.engine.model_paths import BUNDLED_DIR
-from specbatch.engine import gemm_peak
 from specbatch.lab.bench import BenchResult, add_mfu, run_bench, summarize_engine, write_json
 from specbatch.lab.prompts import file_prompts
 from specbatch.loop import MemoryRecorder

@@ -47,7 +47,8 @@ def test_rotary_in_place_is_hugging_faces_inside_a_fused_qkv_output(dtype):
     tokens, heads, kv_heads, dim = 11, 9, 3, 64
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
     angles = torch.randn(tokens, dim // 2, generator=generator)
-    cos, sin = torch.cat((angles.cos(), angles.cos()), -1).to(dtype), torch.cat((angles.sin(), angles.sin()), -1).to(dtype)
+    cos = torch.cat((angles.cos(), angles.cos()), -1).to(dtype)
+    sin = torch.cat((angles.sin(), angles.sin()), -1).to(dtype)
     qk = qkv[:, : (heads + kv_heads) * dim].view(tokens, heads + kv_heads, dim)  # tokens a row of qkv apart
     expected, values = hf_rotary(qk.clone(), cos, sin), qkv[:, (heads + kv_heads) * dim :].clone()
     assert fused_ops.rotate_(qk, cos, sin)

@@ -42,7 +42,8 @@ def test_a_native_pass_gives_the_familys_own_logits(family, dtype, tolerance):
     shape = kv_shape(model)
     cache = PagedKVCache(shape.num_layers, 32, 4, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
     native = NativeLlama(model)
-    assert (native.layers[0].qkv.packed is not None) == (dtype == torch.float32 and packs(native.lm_head.weight))
+    packed = native.layers[0].qkv.packed is not None
+    assert packed == (dtype == torch.float32 and packs(native.lm_head.weight))
     paged = PagedModel(model, cache, native=native)
     # three rows prefill their prompts but the last token, then verify windows of 2, 1 and 3 tokens
     prompts = [[5, 9, 17, 3, 44, 2, 8], [70, 33], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
@@ -63,7 +64,8 @@ def test_fused_weights_are_the_models_own():
     model = family_model("qwen2")
     native = NativeLlama(model)
     attention = model.model.layers[0].self_attn
-    assert attention.k_proj.weight.data_ptr() == native.layers[0].qkv.weight[attention.q_proj.weight.shape[0]:].data_ptr()
+    keys = native.layers[0].qkv.weight[attention.q_proj.weight.shape[0]:]
+    assert attention.k_proj.weight.data_ptr() == keys.data_ptr()
     assert attention.v_proj.bias.data_ptr() != 0 and native.layers[0].qkv.bias is not None
 
 

@@ -36,9 +36,11 @@ def load() -> ctypes.CDLL | None:
     loaded = c_library.build(SOURCE, FLAGS)
     if loaded is None:
         return None
+    norm_args = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_double, ctypes.c_int]
+    rotary_args = [_POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 3 + [ctypes.c_int]
     for suffix in _SUFFIX.values():
-        getattr(loaded, f"rms_norm_{suffix}").argtypes = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_double, ctypes.c_int]
-        getattr(loaded, f"rotary_{suffix}").argtypes = [_POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 3 + [ctypes.c_int]
+        getattr(loaded, f"rms_norm_{suffix}").argtypes = norm_args
+        getattr(loaded, f"rotary_{suffix}").argtypes = rotary_args
     return loaded
 
 

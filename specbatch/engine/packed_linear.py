@@ -3,10 +3,11 @@
 `F.linear` on a CPU hands the weight to the GEMM library in PyTorch's row-major layout, and the
 library re-blocks it for its micro-kernel on every call. For the small row counts of decoding that
 re-blocking is a large share of the multiply: on this 2-core AVX-512/AMX machine, SmolLM2's
-projections at 8 rows ran 78-196 GFLOPS in float32 through `F.linear` and 141-250 packed; at 32
-rows 168-237 against 260-337; in bfloat16 (AMX) at 32 rows 470-736 against 770-1,330
-(`benchmarks/packed_gemm.py`). Inductor's weight freezing does the same
-packing; doing it here keeps the step eager, with nothing to compile or warm up per shape.
+projections at 8 rows ran 51-114 GFLOPS in float32 through `F.linear` and 121-165 packed; at 32
+rows 160-215 against 213-265; in bfloat16 (AMX) at 8 rows 145-228 against 255-466, at 32 rows
+533-722 against 792-1,240 (`benchmarks/packed_gemm.py`, `benchmarks/results/issue41/`).
+Inductor's weight freezing does the same packing; doing it here keeps the step eager, with nothing
+to compile or warm up per shape.
 
 The packed copy is a second copy of the weight (the model's own stays, for transformers' code
 paths). Elsewhere (a GPU, float64, float16, a build without oneDNN, a CPU without bfloat16
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 
 # multiply-adds (rows x in x out) from which the packed weight is used: oneDNN's call costs ~20 µs where
 # `F.linear`'s costs ~7 in float32, and MKL's small-row kernels are quick, so a smaller float32 GEMM

@@ -35,6 +35,7 @@ from specbatch.core import Row
 from specbatch.data.ingest import DatasetError
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.eagle import load_head
+from specbatch.engine.gemm_peak import GemmPeak, gemm_peak, mfu
 from specbatch.engine.graphs import use_compile_cache
 from specbatch.lab.constrained_workloads import (
     CONSTRAINED_WORKLOADS,
@@ -42,7 +43,6 @@ from specbatch.lab.constrained_workloads import (
     masked_greedy_references,
     valid_share,
 )
-from specbatch.engine.gemm_peak import GemmPeak, gemm_peak, mfu
 from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from specbatch.config import ConfigError, JobConfig
 from specbatch.engine.build import Models, eos_token_ids, kv_bytes_per_token, max_context
+from specbatch.engine.gemm_peak import dtype_name
 from specbatch.engine.gguf_models import model_dir
 from specbatch.engine.model_paths import resolve_dir
-from specbatch.engine.gemm_peak import dtype_name
 from specbatch.lab.prompts import BenchPrompt
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
