@@ -1,6 +1,6 @@
 """The Llama family's native step (`engine/native_llama.py`): one flat pass gives the logits of the
 family's own Hugging Face forward, for each covered family (biases, per-head norms, tied embeddings),
-a job through it is exact, and the weights it fuses are the model's own (no second copy)."""
+a job through it is exact, and the tensors it fuses are the model's own (its projections views of them)."""
 
 from __future__ import annotations
 
