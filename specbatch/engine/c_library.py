@@ -22,13 +22,15 @@ from pathlib import Path
 
 import torch
 
+from specbatch.engine.gguf_models import cache_root
+
 log = logging.getLogger(__name__)
 
 LINK_FLAGS = ["-shared", "-fopenmp"]
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECBATCH_CACHE_DIR", Path.home() / ".cache" / "specbatch")) / "kernels"
+    return cache_root() / "kernels"
 
 
 def build(source: Path, flags: list[str]) -> ctypes.CDLL | None:
