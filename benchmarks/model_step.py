@@ -1,7 +1,7 @@
 """One model step, side by side: transformers' modeling code and the native Llama step
 (`engine/native_llama.py`) over the same paged cache, at a dtype, for decode-shaped passes
 (rows x verify positions after a context), and the machine's GEMM peak at that dtype
-(`specbatch/lab/gemm_peak.py`, cached per machine).
+(`specbatch/engine/gemm_peak.py`, cached per machine).
 
     python benchmarks/model_step.py --model smollm2-135m --dtype float32,bfloat16 --rows 1,8,32 --query 1,5
 

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +32,20 @@ LINK_FLAGS = ["-shared", "-fopenmp"]
 
 def cache_dir() -> Path:
     return cache_root() / "kernels"
+
+
+def load(source: Path, flags: list[str], signatures: dict[str, list[Any]], switch: str) -> ctypes.CDLL | None:
+    """`source` built (`build`) with its functions' argument types set (each returns nothing), or None
+    where it cannot be built here or the environment variable `switch` is "0" (torch runs instead)."""
+    if os.environ.get(switch, "1") == "0":
+        return None
+    library = build(source, flags)
+    if library is None:
+        return None
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = argtypes, None
+    return library
 
 
 def build(source: Path, flags: list[str]) -> ctypes.CDLL | None:

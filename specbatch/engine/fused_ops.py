@@ -12,7 +12,6 @@ contiguous), the callers run torch.
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache
 from pathlib import Path
 
@@ -29,19 +28,15 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
 
 
+_NORM_ARGS = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_double, ctypes.c_int]
+_ROTARY_ARGS = [_POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 3 + [ctypes.c_int]
+
+
 @cache
 def load() -> ctypes.CDLL | None:
-    if os.environ.get("SPECBATCH_FUSED_OPS", "1") == "0":
-        return None
-    loaded = c_library.build(SOURCE, FLAGS)
-    if loaded is None:
-        return None
-    norm_args = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_double, ctypes.c_int]
-    rotary_args = [_POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 3 + [ctypes.c_int]
-    for suffix in _SUFFIX.values():
-        getattr(loaded, f"rms_norm_{suffix}").argtypes = norm_args
-        getattr(loaded, f"rotary_{suffix}").argtypes = rotary_args
-    return loaded
+    signatures = {f"{op}_{suffix}": args for suffix in _SUFFIX.values()
+                  for op, args in (("rms_norm", _NORM_ARGS), ("rotary", _ROTARY_ARGS))}
+    return c_library.load(SOURCE, FLAGS, signatures, "SPECBATCH_FUSED_OPS")
 
 
 def _serves(*tensors: torch.Tensor) -> bool:

@@ -13,7 +13,6 @@ where no compiler works, `load()` returns None and attention gathers (`paged_cac
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache
 from pathlib import Path
 
@@ -45,15 +44,7 @@ _WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 12}
 @cache
 def load() -> ctypes.CDLL | None:
     """The built kernel library, or None where it cannot be built here (logged once)."""
-    if os.environ.get("SPECBATCH_PAGED_KERNEL", "1") == "0":
-        return None
-    loaded = c_library.build(SOURCE, FLAGS)
-    if loaded is None:
-        return None
-    for function in _FUNCTIONS.values():
-        getattr(loaded, function).argtypes = _ARGS
-        getattr(loaded, function).restype = None
-    return loaded
+    return c_library.load(SOURCE, FLAGS, dict.fromkeys(_FUNCTIONS.values(), _ARGS), "SPECBATCH_PAGED_KERNEL")
 
 
 def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, query_len: int) -> bool:

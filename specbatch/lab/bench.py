@@ -6,7 +6,7 @@ in `tokens_per_s_job`: the rate of a job of `job_prompts` such prompts that pays
 
 Speed claims live here, never in timed unit tests. Every row also reports the work behind its
 speed (target passes and rows per token, padding apart, acceptance), its model FLOP utilisation
-against the machine's GEMM peak at the target's dtype (`lab/gemm_peak.py`; measured once per run,
+against the machine's GEMM peak at the target's dtype (`engine/gemm_peak.py`; measured once per run,
 before anything is timed, or read from the cache) and `exact_match` against the target's own greedy
 decoding of each prompt alone. `Work`, `run_engine` and `print_rows` are shared
 with the policy suite (`lab.policy_suite`), so both report the same quantities under the same names.
@@ -96,7 +96,7 @@ class BenchResult:
     name: str
     tokens_per_s: float
     batch_rows: int | None = None
-    mfu: float | None = None  # tokens_per_s × 2 × the target's parameters ÷ gemm_peak_gflops (lab/gemm_peak.py)
+    mfu: float | None = None  # tokens_per_s × 2 × the target's parameters ÷ gemm_peak_gflops (engine/gemm_peak.py)
     gemm_peak_gflops: float | None = None  # the machine's GEMM peak at the target's dtype
     ratio_vs_hf_generate: float | None = None  # at the same batch size
     ratio_vs_none: float | None = None  # to specbatch-none (eager) at the same batch size
