@@ -145,6 +145,7 @@ class ModelsConfig(_Section):
 
 DRAFTER_KINDS = ("draft", "eagle", "ngram", "suffix", "none")
 MODEL_DRAFTERS = ("draft", "eagle")  # drafters that run a model (a draft model, an EAGLE head)
+INDEXING_DRAFTERS = ("suffix",)  # drafters that index a row's tokens before drafting for it (host time)
 
 
 class DrafterConfig(_Section):

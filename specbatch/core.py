@@ -69,6 +69,7 @@ class Row:
     num_prompt_tokens: int = field(init=False)
     num_computed: int = 0  # target KV positions that hold valid entries
     num_draft_computed: int = 0  # draft-model KV positions that hold valid entries
+    num_indexed: int = 0  # of its tokens, those its suffix drafter's own index holds (a lookup's catch-up)
     finish_reason: str | None = None
     drop_reason: str | None = None
     drop_message: str | None = None
@@ -247,6 +248,11 @@ class Proposals:
     num_padded_draft_positions: int = 0
     num_passes: int = 0
     num_forced: list[int] = field(default_factory=list)  # per row: leading drafts the grammar forced; empty: none
+    # drafting by lookup (n-gram, suffix) is host time, no pass: the rows it drafted for, the tokens it
+    # added to its indexes, and per row how many of its tokens the row's own index holds (empty: none)
+    num_lookup_rows: int = 0
+    num_indexed_tokens: int = 0
+    indexed_to: list[int] = field(default_factory=list)
 
     def withdraw(self, index: int) -> None:
         """Verify none of row `index`'s drafts (a probe's): what the draft cache computed for it stays,
@@ -263,6 +269,7 @@ class RowOutcome:
     emitted: list[int]  # accepted drafts + correction-or-bonus token, before stops
     num_draft_fed: int = 0  # positions the draft model computed for this row while drafting
     num_draft_kept: int | None = None  # of those, the draft cache may keep (None: all)
+    num_indexed: int = 0  # of the row's tokens, those its lookup drafter's own index holds after drafting
 
 
 @dataclass

@@ -81,6 +81,9 @@ class RoundRecord:
     kv_blocks_cached: int = 0
     kv_blocks_evicted: int = 0
     kv_blocks_referenced: int = 0
+    # drafting by lookup (n-gram, suffix; host time inside draft_ms): rows drafted for, tokens indexed
+    num_lookup_rows: int = 0
+    num_indexed_tokens: int = 0
 
     @classmethod
     def of(cls, plan: RoundPlan, outcome: RoundOutcome, num_committed: int, *, worker_id: int, round_index: int,
@@ -119,6 +122,8 @@ class RoundRecord:
             num_forced_accepted=outcome.num_forced_accepted,
             kv_blocks_in_use=kv_use.num_in_use, kv_blocks_shared=kv_use.num_shared, kv_blocks_cached=kv_use.num_cached,
             kv_blocks_evicted=kv_use.num_evicted, kv_blocks_referenced=kv_use.num_referenced,
+            num_lookup_rows=proposals.num_lookup_rows if proposals else 0,
+            num_indexed_tokens=proposals.num_indexed_tokens if proposals else 0,
         )
 
 

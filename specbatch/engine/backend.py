@@ -92,7 +92,7 @@ class HFBackend:
             proposals = outcome.proposals = self.drafter.propose(rows, drafted_ks, self.caches(rows), draft_starts,
                                                                  self.draft_coupling)
             self._sync()
-            outcome.draft_ms = ms_since(started)
+            outcome.draft_ms = ms_since(started)  # a lookup's host time too (a suffix drafter's indexing)
             if plan.probe is not None:
                 proposals.withdraw(next(i for i, row in enumerate(rows) if row is plan.probe))
             if self.grammar is not None:
@@ -198,8 +198,9 @@ class HFBackend:
                                                            logits[offset : offset + width])
             offset += width
             kept = proposals.num_kept[index] if proposals.num_kept else None
+            indexed = proposals.indexed_to[index] if proposals.indexed_to else 0
             outcomes.append(RowOutcome(row, k, drafts, num_accepted, drafts[:num_accepted] + [token],
-                                       proposals.num_fed[index], kept))
+                                       proposals.num_fed[index], kept, indexed))
         return outcomes
 
 

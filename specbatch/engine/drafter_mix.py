@@ -57,7 +57,8 @@ class DrafterMix:
         """Each sub-drafter drafts for its own rows (`caches[i]`: row i's draft cache, whatever the
         backend's kind of it), the others' k set to 0."""
         kinds = [self.kind_of(row) for row in rows]
-        merged = Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows], [0 for _ in rows])
+        merged = Proposals([[] for _ in rows], [None for _ in rows], [0 for _ in rows], [0 for _ in rows],
+                           indexed_to=[0 for _ in rows])
         for kind, drafter in self.drafters.items():
             own = [k if row_kind == kind else 0 for k, row_kind in zip(ks, kinds, strict=True)]
             if not any(own):
@@ -68,7 +69,10 @@ class DrafterMix:
                     merged.tokens[i], merged.draft_probs[i] = proposals.tokens[i], proposals.draft_probs[i]
                     merged.num_fed[i] = proposals.num_fed[i]
                     merged.num_kept[i] = proposals.num_kept[i] if proposals.num_kept else proposals.num_fed[i]
+                    merged.indexed_to[i] = proposals.indexed_to[i] if proposals.indexed_to else 0
             merged.num_draft_positions += proposals.num_draft_positions
             merged.num_padded_draft_positions += proposals.num_padded_draft_positions
             merged.num_passes += proposals.num_passes
+            merged.num_lookup_rows += proposals.num_lookup_rows
+            merged.num_indexed_tokens += proposals.num_indexed_tokens
         return merged

@@ -64,7 +64,7 @@ class NgramDrafter(NoDrafter):
     def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         tokens = [self.lookup(row.token_ids, k) if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
-        return Proposals(tokens, [None for _ in rows], [0 for _ in rows])
+        return Proposals(tokens, [None for _ in rows], [0 for _ in rows], num_lookup_rows=sum(k > 0 for k in ks))
 
     def continue_after(self, row: Row, prefix: list[int], k: int) -> list[int]:
         """Up to k drafts that follow the row's tokens and then `prefix` (drafts proposed ahead of

@@ -2,9 +2,9 @@
 
 From the plan and the backend's outcome: KV validity (prefill chunks become computed; a verified
 row keeps its pending token and accepted drafts, the draft cache rolls back to the same prefix),
-the row's raw counters and acceptance history, stops (`StopChecker`), and finishing completed
-rows in the scheduler. Backends only read rows, so this is the single writer of a round's effects
-(as nano-vllm's `Scheduler.postprocess`).
+how far the row's own suffix index reaches, the row's raw counters and acceptance history, stops
+(`StopChecker`), and finishing completed rows in the scheduler. Backends only read rows, so this is
+the single writer of a round's effects (as nano-vllm's `Scheduler.postprocess`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     row.num_draft_positions += outcome.num_draft_fed
     kept = outcome.num_draft_fed if outcome.num_draft_kept is None else outcome.num_draft_kept
     row.num_draft_computed = min(row.num_draft_computed + kept, accepted_end)
+    row.num_indexed = max(row.num_indexed, outcome.num_indexed)
     committed = stops.commit(row, outcome.emitted)
     row.num_rounds += 1
     row.num_target_positions += 1 + num_proposed

@@ -13,7 +13,7 @@ from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sched.draft_control import DraftControl
 from specbatch.sched.drafter_choice import DrafterAlphas
 from specbatch.sched.estimates import AcceptanceStats, AlphaTracker, expected_tokens
-from specbatch.sched.roundcost import RoundCostModel
+from specbatch.sched.roundcost import RoundCostModel, index_lag
 
 
 @dataclass
@@ -33,6 +33,7 @@ class SchedContext:
     # the job's drafters (`drafter.kind`) and those that run a model: several make α per drafter
     drafter_kinds: tuple[str, ...] = ()
     model_drafter_kinds: frozenset[str] = frozenset()
+    indexing_drafter_kinds: frozenset[str] = frozenset()  # those that index a row before drafting (suffix)
     alphas: AlphaTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -45,6 +46,14 @@ class SchedContext:
     def drafts_with_model(self, row: Row) -> bool:
         """Whether the row's drafts this round cost draft-model work (its rows, passes, lag)."""
         return self.round_cost.uses_draft_model and self.alphas.uses_model(row)
+
+    def index_lag(self, row: Row, kind: str | None = None) -> int:
+        """Tokens the row's drafter (or `kind`) must index before drafting for it: a suffix drafter's
+        catch-up, priced as host time (`RoundCostModel`); 0 for drafters that keep no index."""
+        if kind is None:
+            kinds = self.drafter_kinds
+            kind = row.drafter if row.drafter in kinds else kinds[0] if kinds else ""
+        return index_lag(row) if kind in self.indexing_drafter_kinds else 0
 
     def typical_k(self, row: Row) -> int:
         """The lookahead a row will likely get: its last k, else what rows get lately."""

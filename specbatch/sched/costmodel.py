@@ -3,7 +3,10 @@
     round_ms ≈ c0 + c_tp·target_passes + c_tr·target_rows + c_dp·draft_passes + c_dr·draft_rows
                + c_kv·kv_tokens_read
 
-Rows include padding (padded positions cost as much as real ones). Coefficients are kept
+Rows include padding (padded positions cost as much as real ones). Drafting by lookup (n-gram, suffix)
+runs no pass but is host time all the same: c_lr per row it drafts for and c_lt per token it adds to
+a row's index (a suffix drafter indexes a row's whole prompt the first time the row drafts), learnt on
+the run from the draft phase's time (`online_cost.py`), not by `fit`. Coefficients are kept
 non-negative (a feature whose fitted cost is negative is dropped and the rest refitted) so the
 model is monotone in every input: the deadline prefill policy binary-searches over it.
 
@@ -41,6 +44,12 @@ class CostModel:
     # its draft coefficients were timed on the draft model in use (`sched/pass_profile.py`): nothing
     # needs to probe drafting to learn its price
     measured_draft: bool = False
+    # host time of drafting by lookup (n-gram, suffix): per row drafted for, per token indexed
+    lookup_rows: float = 0.0
+    lookup_tokens: float = 0.0
+
+    def lookup_ms(self, num_rows: float, num_indexed_tokens: float) -> float:
+        return self.lookup_rows * num_rows + self.lookup_tokens * num_indexed_tokens
 
     def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: float = 0,
                    kv_tokens_read: int = 0) -> float:
@@ -103,4 +112,7 @@ def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 CPU_DEMO_PROFILE = CostModel(
     intercept_ms=3.7, target_passes=2.8, target_rows=0.19, draft_passes=2.3, draft_rows=0.043,
     kv_tokens_read=0.002, mape=0.067, source="bundled demo pair, CPU, 1 thread (bench_policies calibration)",
+    # lookups: guesses of the right order, refitted on the run (issue 43: indexing 32 instruct prompts at
+    # depth 24 took 0.25-0.5 s of a SmolLM2 job; a row's lookup is a few suffix-index walks or an n-gram scan)
+    lookup_rows=0.05, lookup_tokens=0.02,
 )

@@ -5,12 +5,13 @@ it would add to the row's committed tokens at the price plain decoding sets (λ�
 plain round of these rows), at the row's best k within its cap:
 
     gain_d = max_k  E(α_d, k) − 1 − λ₀ · (c_dr · (k − 1 + lag) + c_dp · k / n)     for a draft model,
-    gain_d = E(α_d, cap) − 1                                                         for a lookup,
+    gain_d = E(α_d, cap) − 1 − λ₀ · (c_lr + c_lt · index lag / h)                    for a lookup,
 
 with α_d the row's acceptance under d (its own rounds with d, shrunk toward the job's rounds with d in
 its domain, shrunk toward the prior) at its upper confidence bound, so that a drafter the row has not
 tried is tried; c_dr and c_dp a draft row's and a draft pass's price (a pass shared by the batch's n
-rows), the row's draft-cache lag spread over `switch_horizon` rounds. The best gain wins (ties: the
+rows), the row's draft-cache lag spread over `switch_horizon` rounds (h); c_lr and c_lt a lookup's host
+time per row and per token its index catches up on (`SchedContext.index_lag`). The best gain wins (ties: the
 first configured). Verify positions cost the same whichever drafter filled them (the round-time model
 charges every row to the largest k), so they do not enter the choice; whether the row drafts at all,
 and how far, stays the lookahead policy's, which
@@ -21,6 +22,7 @@ rows that use the model (`SchedContext.drafts_with_model`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specbatch.core import Row
@@ -90,9 +92,11 @@ class DrafterAlphas(AlphaTracker):
 
 
 def choose_drafters(alphas: AlphaTracker, round_cost: RoundCostModel, rows: list[Row], caps: list[int],
-                    explore_z: float = 1.0, switch_horizon: float = 8.0) -> None:
+                    explore_z: float = 1.0, switch_horizon: float = 8.0,
+                    index_lag: Callable[[Row, str], int] = lambda row, kind: 0) -> None:
     """Set each row's drafter for this round (module docstring); rows with cap 0 keep theirs. A job of
-    one drafter (a plain `AlphaTracker`) has nothing to choose."""
+    one drafter (a plain `AlphaTracker`) has nothing to choose. `index_lag(row, kind)`: tokens drafter
+    `kind` must index before drafting for the row."""
     if not isinstance(alphas, DrafterAlphas) or len(alphas.kinds) < 2 or not rows:
         return
     num_rows = len(rows)
@@ -100,12 +104,14 @@ def choose_drafters(alphas: AlphaTracker, round_cost: RoundCostModel, rows: list
     row_price = plain_rate * round_cost.draft_position_ms  # tokens a draft position costs
     pass_price = plain_rate * round_cost.cost.draft_passes / num_rows if round_cost.uses_draft_model else 0.0
     model_price = row_price + pass_price
+    cost = round_cost.cost
     for row, cap in zip(rows, caps, strict=True):
         if cap <= 0:
             continue
         model_lag = row_price * (draft_lag(row) - 1) / switch_horizon
         gains = [_gain(alphas.optimistic_alpha_of(row, kind, explore_z), cap,
-                       *((model_price, model_lag) if kind in alphas.model_kinds else (0.0, 0.0)))
+                       *((model_price, model_lag) if kind in alphas.model_kinds else
+                         (0.0, plain_rate * cost.lookup_ms(1, index_lag(row, kind) / switch_horizon))))
                  for kind in alphas.kinds]
         row.drafter = alphas.kinds[max(range(len(gains)), key=lambda i: (gains[i], -i))]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbatch.config import MODEL_DRAFTERS, JobConfig, LookaheadSpec, PrefillChunkSpec
+from specbatch.config import INDEXING_DRAFTERS, MODEL_DRAFTERS, JobConfig, LookaheadSpec, PrefillChunkSpec
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
@@ -121,7 +121,8 @@ def make_context(config: JobConfig, cost: CostModel | None = None) -> SchedConte
                         # before the first decode round fill the draft cache only if it drafts
                         draft=DraftControl(cost_fit, DraftGate() if learns else None, drafting=not learns),
                         drafter_kinds=config.drafter.kinds if config.max_lookahead else (),
-                        model_drafter_kinds=frozenset(MODEL_DRAFTERS))
+                        model_drafter_kinds=frozenset(MODEL_DRAFTERS),
+                        indexing_drafter_kinds=frozenset(INDEXING_DRAFTERS))
 
 
 def policies(config: JobConfig, ctx: SchedContext | None = None

@@ -4,7 +4,9 @@ Both see the batch through the cost model's shapes (roundcost.py). The verify pa
 to 1 + max k, so k is a *batch* decision as much as a row's: raising the largest k costs padded
 positions on every row, while a row below the largest k pays only its own draft rows.
 Expected committed tokens of a row with acceptance α and k drafts: E(α, k) = (1 − α^(k+1))/(1 − α);
-the j-th draft adds α^j.
+the j-th draft adds α^j. A row drafting by lookup (n-gram, suffix) costs no draft rows but host time
+once it drafts at all, whatever its k: its lookup and the tokens its index catches up on
+(`RoundCostModel`), a fixed price the row's drafts must repay.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from specbatch.sched.roundcost import DecodeShape, draft_lag
 @dataclass
 class _Batch:
     """The per-row inputs of one choice: acceptance, cap, first query position, draft-cache lag, and
-    whether the row's drafts cost draft-model work (a row drafting by lookup, in a job of several
-    drafters, has no lag and no draft price: `SchedContext.drafts_with_model`)."""
+    whether the row's drafts cost draft-model work (`SchedContext.drafts_with_model`); a row drafting
+    by lookup has no draft-cache lag and no draft-row price, but its lookup's host time and its
+    index's lag (`index_lags`, spread like `lags`)."""
 
     alphas: list[float]
     caps: list[int]
@@ -30,6 +33,9 @@ class _Batch:
     lags: list[float]
     models: list[bool] = field(default_factory=list)
     draft_ms: float = 0.0  # what a draft position costs the draft model (`RoundCostModel.draft_position_ms`)
+    index_lags: list[float] = field(default_factory=list)  # tokens a lookup row's index catches up on
+    lookup_row_ms: float = 0.0  # a lookup's host time per row (`CostModel.lookup_rows`)
+    index_token_ms: float = 0.0  # and per token indexed (`CostModel.lookup_tokens`)
     flat: bool = False  # flat passes: a row's step 0 feeds its own lag, not the batch's largest
     log_alphas: list[float] = field(default_factory=list)
 
@@ -37,6 +43,8 @@ class _Batch:
         self.log_alphas = [math.log(a) for a in self.alphas]
         self.models = self.models or [True] * len(self.alphas)
         self.lags = [lag if model else 0.0 for lag, model in zip(self.lags, self.models, strict=True)]
+        self.index_lags = [0.0 if model else lag for lag, model in
+                           zip(self.index_lags or [0.0] * len(self.models), self.models, strict=True)]
         self.max_start = max(self.starts, default=0)
         self.sum_start = sum(self.starts)
         self.expected = [_expected_table(a, cap) for a, cap in zip(self.alphas, self.caps, strict=True)]
@@ -49,27 +57,34 @@ class _Batch:
         drafting row commits in expectation (a row 20 tokens from its cap cannot repay a catch-up
         over 64 rounds); with explore_z > 0, α is its upper confidence bound."""
         alphas = [min(max(ctx.alphas.optimistic_alpha(r, explore_z), 1e-6), 1 - 1e-9) for r in rows]
-        lags = [1 + (draft_lag(r) - 1) / min(horizon, max(1.0, r.num_new_tokens_left / (1 + alpha)))
-                for r, alpha in zip(rows, alphas, strict=True)]
+        spreads = [min(horizon, max(1.0, r.num_new_tokens_left / (1 + alpha))) for r, alpha in zip(rows, alphas,
+                                                                                                  strict=True)]
+        lags = [1 + (draft_lag(r) - 1) / spread for r, spread in zip(rows, spreads, strict=True)]
+        index_lags = [ctx.index_lag(r) / spread for r, spread in zip(rows, spreads, strict=True)]
         round_cost = ctx.round_cost
         return cls(alphas, list(caps), [r.num_computed for r in rows], lags, [ctx.drafts_with_model(r) for r in rows],
-                   round_cost.draft_position_ms, round_cost.flat)
+                   round_cost.draft_position_ms, index_lags, round_cost.cost.lookup_rows,
+                   round_cost.cost.lookup_tokens, round_cost.flat)
 
     def shape(self, ks: list[int]) -> DecodeShape:
         drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
+        lookups = [lag for k, lag, model in zip(ks, self.index_lags, self.models, strict=True) if k > 0 and not model]
         return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting),
                            max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting),
-                           self.sum_start, sum(ks), sum(lag for _, lag in drafting))
+                           self.sum_start, sum(ks), sum(lag for _, lag in drafting), len(lookups), sum(lookups))
 
-    def row_terms(self, index: int, rate: float, batch_lag: float = 0.0) -> tuple[float, float]:
-        """(tokens one more draft position of row `index` costs at `rate` tokens per ms, and its lag):
-        k drafts from a draft model cost the row price·(k − 1 + lag), the lag its own (flat passes) or
-        the batch's largest where step 0 pads to it (`batch_lag`). Verify positions are the batch's
-        (every row is charged to the largest k), so a lookup costs nothing here: (0, 0)."""
-        if not self.models[index] or self.draft_ms <= 0:
-            return 0.0, 0.0
+    def row_terms(self, index: int, rate: float, batch_lag: float = 0.0) -> tuple[float, float, float]:
+        """(tokens one more draft position of row `index` costs at `rate` tokens per ms, its lag, and the
+        tokens drafting at all costs it): k drafts from a draft model cost the row price·(k − 1 + lag),
+        the lag its own (flat passes) or the batch's largest where step 0 pads to it (`batch_lag`); a
+        lookup costs its host time whatever k (`fixed`). Verify positions are the batch's (every row is
+        charged to the largest k), so they are not the row's."""
+        if not self.models[index]:
+            return 0.0, 0.0, rate * (self.lookup_row_ms + self.index_token_ms * self.index_lags[index])
+        if self.draft_ms <= 0:
+            return 0.0, 0.0, 0.0
         lag = self.lags[index] if self.flat else max(batch_lag, self.lags[index])
-        return rate * self.draft_ms, lag
+        return rate * self.draft_ms, lag, 0.0
 
     def tokens(self, ks: list[int]) -> float:
         return sum(table[k] for table, k in zip(self.expected, ks, strict=True))
@@ -177,10 +192,10 @@ class AdaptiveLookahead:
         gains = 0.0
         for i, (table, a, log_a, cap) in enumerate(zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps,
                                                        strict=True)):
-            price, lag = batch.row_terms(i, rate)
-            k = _row_k(a, log_a, min(cap, k_max), price, lag)
+            price, lag, fixed = batch.row_terms(i, rate)
+            k = _row_k(a, log_a, min(cap, k_max), price, lag, fixed)
             if k:
-                gains += table[k] - 1 - price * (k - 1 + lag)
+                gains += table[k] - 1 - price * (k - 1 + lag) - fixed
         no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max, sum_start=batch.sum_start)
         return len(batch.caps) + gains - rate * round_cost.decode_ms(no_draft_rows)
 
@@ -232,13 +247,16 @@ def _expected_table(alpha: float, cap: int) -> list[float]:
     return table
 
 
-def _row_k(alpha: float, log_alpha: float, k_cap: int, price: float, lag: float) -> int:
-    """argmax_k E(α, k) − price·(k − 1 + lag) over k ∈ {0} ∪ {1..k_cap} (0 < α < 1)."""
-    if k_cap <= 0 or price <= 0:
-        return max(k_cap, 0)
+def _row_k(alpha: float, log_alpha: float, k_cap: int, price: float, lag: float, fixed: float = 0.0) -> int:
+    """argmax_k E(α, k) − price·(k − 1 + lag) − fixed over k ∈ {0} ∪ {1..k_cap} (0 < α < 1; the last
+    two only for k ≥ 1)."""
+    if k_cap <= 0:
+        return 0
+    if price <= 0:
+        return k_cap if fixed <= 0 or expected_tokens(alpha, k_cap) - 1.0 > fixed else 0
     k_star = min(k_cap, max(1, int(math.log(price) / log_alpha)))
     gain = expected_tokens(alpha, k_star) - 1.0
-    return k_star if gain > price * (k_star - 1 + lag) else 0
+    return k_star if gain > price * (k_star - 1 + lag) + fixed else 0
 
 
 @dataclass

@@ -21,6 +21,10 @@ nothing about drafting, so the last `draft_window` draft timings are kept apart 
 until `min_draft_rounds` of them are drafting phases the draft coefficients are not known
 (`knows_draft_cost`: the adaptive policy probes), unless the prior was timed on the draft model in
 use (`CostModel.measured_draft`, `pass_profile.py`). Rounds that captured graphs are left out.
+
+Drafting by lookup (n-gram, suffix) is host time in the same drafting phase: its rows and the tokens
+its indexes took (`num_lookup_rows`, `num_indexed_tokens`) are two more draft features, fitted on the
+same timings, from the prior's values (a lookup has nothing to probe: the policy's own drafts time it).
 """
 
 from __future__ import annotations
@@ -35,21 +39,24 @@ from specbatch.records import RoundRecord
 from specbatch.sched.costmodel import CostModel, nonnegative_lstsq
 
 TARGET = ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read")
-DRAFT = ("draft_passes", "draft_rows")
+DRAFT = ("draft_passes", "draft_rows", "lookup_rows", "lookup_tokens")
 
 
 class _DraftTiming(NamedTuple):
-    """One timed run of draft passes: a round's drafting phase, or the fill beside its prefill."""
+    """One timed run of drafting: a round's drafting phase, or the fill beside its prefill."""
 
     passes: float
     rows: float
+    lookup_rows: float
+    indexed_tokens: float
     ms: float
-    drafting: float  # 1 for a drafting phase, 0 for a fill
+    drafting: float  # 1 for a drafting phase that ran the draft model, else 0
 
 
 # columns of the window: the target's features (the intercept's is 1; padding counts as work), the
-# draft model's (drafting phase and fill together), then the round's time and the draft model's in it
-TARGET_FEATURES, FEATURES, ROUND_MS, DRAFT_MS = slice(0, 4), slice(0, 6), 6, 7
+# drafting's (draft model: drafting phase and fill together; lookups), then the round's time and drafting's in it
+TARGET_FEATURES, FEATURES, ROUND_MS, DRAFT_MS = slice(0, 4), slice(0, 8), 8, 9
+DRAFT_FEATURES, DRAFT_TIMING_MS = slice(0, 4), 4
 
 
 @dataclass
@@ -70,7 +77,7 @@ class OnlineCostFit:
 
     def __post_init__(self) -> None:
         self.current, self._next_refit = self.prior, self.refit_every
-        self._rounds, self.drafted = np.zeros((self.window, 8)), deque(maxlen=self.draft_window)
+        self._rounds, self.drafted = np.zeros((self.window, 10)), deque(maxlen=self.draft_window)
 
     @property
     def rounds(self) -> np.ndarray:
@@ -86,15 +93,17 @@ class OnlineCostFit:
             return None
         fill_passes = int(num_draft_prefill_positions > 0)
         draft_positions = record.num_draft_rows + record.num_padded_draft_rows
+        lookups = (record.num_lookup_rows, record.num_indexed_tokens)
         self._rounds[self.num_seen % self.window] = (
             1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
-            record.num_kv_tokens_read, record.num_draft_passes, draft_positions, record.round_ms,
+            record.num_kv_tokens_read, record.num_draft_passes, draft_positions, *lookups, record.round_ms,
             record.draft_ms + draft_prefill_ms)
         if fill_passes:
-            self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_positions, draft_prefill_ms, 0.0))
-        if record.num_draft_passes > fill_passes:
-            self.drafted.append(_DraftTiming(record.num_draft_passes - fill_passes,
-                                             draft_positions - num_draft_prefill_positions, record.draft_ms, 1.0))
+            self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_positions, 0, 0, draft_prefill_ms, 0.0))
+        model_passes = record.num_draft_passes - fill_passes
+        if model_passes > 0 or record.num_lookup_rows > 0:
+            self.drafted.append(_DraftTiming(model_passes, draft_positions - num_draft_prefill_positions, *lookups,
+                                             record.draft_ms, float(model_passes > 0)))
         self.num_seen += 1
         if self.num_seen < self._next_refit:
             return None
@@ -121,7 +130,7 @@ class OnlineCostFit:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
         if self.drafted:
             drafted = np.asarray(self.drafted, dtype=float)
-            values.update(self._ridge(DRAFT, drafted[:, :2], drafted[:, 2]))
+            values.update(self._ridge(DRAFT, drafted[:, DRAFT_FEATURES], drafted[:, DRAFT_TIMING_MS]))
         window = self.rounds
         target_ms = np.maximum(window[:, ROUND_MS] - window[:, DRAFT_MS], 1e-3)
         values.update(self._ridge(TARGET, window[:, TARGET_FEATURES], target_ms))

@@ -71,7 +71,8 @@ class PassProfile:
 
     def fit(self, fallback: CostModel | None = None) -> CostModel:
         """The cost model of these timings (intercept 0: a pass has no round around it); without draft
-        timings (an EAGLE head is not timed) the draft coefficients are `fallback`'s, else 0."""
+        timings (an EAGLE head is not timed) the draft coefficients are `fallback`'s, else 0; a lookup's
+        host time (no pass to time) is `fallback`'s, the online fit's start."""
         target = [t for t in self.timings if t.role == "target"]
         draft = [t for t in self.timings if t.role == "draft"]
         if not target:
@@ -84,7 +85,8 @@ class PassProfile:
             draft_passes, draft_rows = _relative_fit(x, np.asarray([t.ms for t in draft]))
         model = CostModel(0.0, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read,
                           num_rounds=0, source=f"measured: {self.description or self.key}",
-                          measured_draft=bool(draft))
+                          measured_draft=bool(draft), lookup_rows=fallback.lookup_rows if fallback else 0.0,
+                          lookup_tokens=fallback.lookup_tokens if fallback else 0.0)
         return replace(model, mape=self.error(model))
 
     def error(self, model: CostModel) -> float:
@@ -149,7 +151,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     """(limit, best K): the speedup over plain decoding the model and the rows' α allow at the best
     largest k (module docstring), `starts` the rows' first query positions; (1.0, 0) where no K beats
     plain decoding. `model_rows[i]`: row i's drafts come from a draft model (its rows and passes
-    priced; lag 1), else they cost no draft work."""
+    priced; lag 1), else from a lookup (its host time priced, its index current)."""
     num_rows = len(alphas)
     if not num_rows or max(caps, default=0) == 0:
         return 1.0, 0
@@ -159,6 +161,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     best, best_k = 1.0, 0
     powers, tokens = [1.0] * num_rows, float(num_rows)  # α_i^K, Σ_i E(α_i, min(K, cap_i))
     num_model, sum_model, sum_all = 0, 0, 0  # rows drafting with a model at K, their drafts, every row's
+    num_lookup = sum(1 for cap, model in zip(caps, model_rows, strict=True) if cap >= 1 and not model)
     for k_max in range(1, max(caps) + 1):
         for i, (alpha, cap) in enumerate(zip(alphas, caps, strict=True)):
             if cap >= k_max:
@@ -168,7 +171,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
                 if model_rows[i]:
                     num_model, sum_model = num_model + (k_max == 1), sum_model + 1
         shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model, sum_start,
-                            sum_all, num_model)
+                            sum_all, num_model, num_lookup)
         speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
         if speedup > best:
             best, best_k = speedup, k_max
@@ -184,7 +187,8 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
     round_cost, starts = ctx.round_cost, [row.num_computed for row in rows]
     models = [ctx.drafts_with_model(row) for row in rows]
     plan.plain_ms = round_cost.decode_ms(DecodeShape.of(rows, [0] * len(rows)))
-    plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode], models))
+    plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode], models,
+                                                            [ctx.index_lag(row) for row in rows]))
     plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, starts,
                                           models)
 

@@ -20,6 +20,11 @@ flat batch of real tokens, no row padded to another's length. Then
 - draft model: draft rows = Σ lag_i + Σ (k_i − 1) over the rows it drafts for, passes = max k.
 The plain round then prices each row's own KV, not the longest row's for every row.
 
+Drafting by lookup (n-gram, suffix) runs no pass, but its host time is in the round all the same:
+    lookup ms = c_lr · rows drafting by lookup + c_lt · tokens their indexes catch up on
+(a suffix drafter indexes a row's tokens up to its pending one, `index_lag`: its whole prompt the first
+time). Priced, a lookup is no longer free, so plain decoding wins where it costs more than it commits.
+
 Every coefficient of the cost model is ≥ 0, so each prediction is monotone in rows, k and chunk size
 (the deadline prefill policy binary-searches over it).
 """
@@ -46,18 +51,24 @@ class DecodeShape:
     sum_start: int = 0  # Σ num_computed over rows (a flat pass reads each row's own KV)
     sum_all_k: int = 0  # Σ k over every row, lookups' drafts too (a flat pass verifies each row's own)
     sum_lag: float = 0  # Σ draft-cache lag over drafting rows (a flat draft step feeds each its own)
+    num_lookup: int = 0  # rows drafting by lookup (k ≥ 1, no model): host time, no pass
+    sum_index_lag: float = 0  # Σ tokens their indexes catch up on (`index_lag`)
 
     @classmethod
-    def of(cls, rows: list[Row], ks: list[int], models: list[bool] | None = None) -> DecodeShape:
+    def of(cls, rows: list[Row], ks: list[int], models: list[bool] | None = None,
+           index_lags: list[int] | None = None) -> DecodeShape:
         """`models[i]`: whether row i's drafts come from a draft model (default: every row's); a row
-        drafting by lookup, in a job of several drafters, adds verify positions only."""
+        drafting by lookup adds verify positions and its lookup's host time (`index_lags[i]`: tokens
+        its index catches up on, default 0)."""
         shape = cls()
         for i, (row, k) in enumerate(zip(rows, ks, strict=True)):
-            shape.add(row.num_computed, k, draft_lag(row) if k else 0, models is None or models[i])
+            model = models is None or models[i]
+            lag = draft_lag(row) if model else index_lags[i] if index_lags else 0
+            shape.add(row.num_computed, k, lag if k else 0, model)
         return shape
 
     def add(self, start: int, k: int, lag: float = 0, model: bool = True) -> None:
-        """One more row; its draft-cache lag counts only if it drafts (k ≥ 1) with a model."""
+        """One more row; if it drafts (k ≥ 1), `lag` is its draft cache's with a model, else its index's."""
         self.num_rows += 1
         self.max_start = max(self.max_start, start)
         self.max_k = max(self.max_k, k)
@@ -68,6 +79,9 @@ class DecodeShape:
             self.max_lag = max(self.max_lag, lag)
             self.sum_lag += lag
             self.sum_k += k
+        elif k > 0:
+            self.num_lookup += 1
+            self.sum_index_lag += lag
 
 
 def draft_lag(row: Row) -> int:
@@ -76,6 +90,12 @@ def draft_lag(row: Row) -> int:
     if not row.is_decoding:
         return 1
     return max(1, row.num_tokens - row.num_draft_computed)
+
+
+def index_lag(row: Row) -> int:
+    """Tokens a suffix drafter must add to the row's own index before drafting with it: all but the
+    pending token that the index does not hold yet (the whole prompt, the first time)."""
+    return max(0, row.num_tokens - 1 - row.num_indexed)
 
 
 class RoundCostModel:
@@ -104,7 +124,8 @@ class RoundCostModel:
             draft_passes = shape.max_k
             lags = shape.sum_lag if self.flat else shape.num_drafting * shape.max_lag
             draft_positions = lags + shape.sum_k - shape.num_drafting
-        return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv)
+        lookup_ms = self.cost.lookup_ms(shape.num_lookup, shape.sum_index_lag)
+        return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv) + lookup_ms
 
     def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int) -> float:
         """What one prefill pass adds to a round (no intercept: the round pays that once)."""

@@ -23,7 +23,7 @@ from specbatch.sched.estimates import AcceptanceStats
 from specbatch.sched.kv_blocks import KVBlocks
 from specbatch.sched.packing import Packer
 from specbatch.sched.pass_profile import forecast_round
-from specbatch.sched.policies import LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
+from specbatch.sched.policies import FixedLookahead, LookaheadPolicy, OrderPolicy, PrefillChunkPolicy, full_order
 from specbatch.sched.queues import WaitQueue
 from specbatch.sched.roundcost import DecodeShape
 
@@ -177,7 +177,7 @@ class Scheduler:
     def preempt(self, row: Row) -> None:
         _remove(self.running, row)
         self.kv.free(row.request_id)
-        row.num_computed = row.num_draft_computed = 0
+        row.num_computed = row.num_draft_computed = row.num_indexed = 0  # its drafters forget it too
         row.num_preemptions += 1
         self.add(row, self.ctx.now_s)
 
@@ -209,7 +209,8 @@ class Scheduler:
     def _plan_decode(self, plan: RoundPlan, rows: list[Row]) -> int:
         budget = self.limits.max_round_tokens
         caps = [self.cap(r) for r in rows]
-        choose_drafters(self.ctx.alphas, self.ctx.round_cost, rows, caps)  # where the job has several
+        # where the job has several
+        choose_drafters(self.ctx.alphas, self.ctx.round_cost, rows, caps, index_lag=self.ctx.index_lag)
         for row, k in zip(rows, self.lookahead.choose(rows, caps), strict=True):
             if budget < 1:
                 break
@@ -250,7 +251,9 @@ class Scheduler:
         """Prefill rows in priority order, but those waiting for a shared prefix. A row whose prefill
         completes also verifies this round, with k no larger than the round's largest (no extra
         verify padding); if it is the round's only kind of verify row, the lookahead policy chooses
-        for those rows together."""
+        for those rows together. A row whose drafter must first index its prompt (suffix) joins at
+        k = 0 where the policy prices drafts: taking the round's k would build that index unpriced,
+        so it waits a round for the policy to weigh it against what the row may still draft."""
         prefilling = sorted((r for r in self.running if not r.is_decoding and id(r) not in held_back),
                             key=lambda r: self.order.priority(r, now_s))
         if not prefilling:
@@ -269,9 +272,15 @@ class Scheduler:
         if not completing:
             return
         caps = [self.cap(r) for r in completing]
-        choose_drafters(self.ctx.alphas, self.ctx.round_cost, completing, caps)
+        choose_drafters(self.ctx.alphas, self.ctx.round_cost, completing, caps,
+                        index_lag=self.ctx.index_lag)
         max_k = max((k for _, k in plan.decode), default=None)
-        ks = self.lookahead.choose(completing, caps) if max_k is None else [min(c, max_k) for c in caps]
+        if max_k is None:
+            ks = self.lookahead.choose(completing, caps)
+        else:
+            priced = not isinstance(self.lookahead, FixedLookahead) and self.ctx.round_cost.cost.lookup_tokens > 0
+            ks = [0 if priced and self.ctx.index_lag(row) else min(c, max_k) for row, c in zip(completing, caps,
+                                                                                                strict=True)]
         for row, k in zip(completing, ks, strict=True):
             k = max(0, min(k, budget))
             plan.decode.append((row, k))

@@ -13,8 +13,11 @@ It returns the same `RoundOutcome` as `HFBackend` and, like it, never writes a r
 
 Draft work follows `DraftModelDrafter` exactly: one catch-up pass over each speculating row's
 unfed tokens (1 after a rejection, 2 after a fully accepted block), then one pass per further
-draft; the commit step rolls the draft cache back to the accepted prefix. n-gram drafting
-costs nothing here and always offers k drafts (the acceptance model covers lookup misses).
+draft; the commit step rolls the draft cache back to the accepted prefix. n-gram and suffix drafting
+always offer k drafts (the acceptance model covers lookup misses) and cost the cost model's lookup
+host time: per row drafted for, and per token a suffix row's own index takes (its tokens but the
+pending one, from where the row's index reached: its whole prompt the first time), as
+`SuffixDrafter` reports them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 import random
 from collections.abc import Mapping
 
+from specbatch.config import INDEXING_DRAFTERS
 from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
@@ -69,6 +73,7 @@ class SimBackend:
         if not all(kind in ("draft", "eagle", "ngram", "suffix", "none") for kind in self.kinds):
             raise ValueError(f"unknown drafter kind {drafter_kind!r}")
         self.model_kinds = frozenset(kind for kind in self.kinds if kind in ("draft", "eagle"))
+        self.lookup_kinds = frozenset(kind for kind in self.kinds if kind in ("ngram", "suffix"))
         self._log_scales = {kind: math.log(scale) if scale > 0 else -math.inf
                             for kind, scale in (drafter_alpha_scale or {}).items()}
         self.cost, self.acceptance, self.clock, self.buckets = cost, acceptance, clock, buckets
@@ -134,6 +139,7 @@ class SimBackend:
         row's unfed tokens (flat: no padding), pass j > 0 one draft to each row with
         k > j (no padding). A row prefilled this round has its draft cache filled to its start."""
         proposals = Proposals([], [], [0] * len(decode))
+        self._lookup(decode, proposals)
         if not self.uses_draft_model:
             return proposals
         num_fed = max_k = further = 0
@@ -150,11 +156,27 @@ class SimBackend:
         proposals.num_passes = max_k
         return proposals
 
+    def _lookup(self, decode: list[tuple[Row, int]], proposals: Proposals) -> None:
+        """What n-gram and suffix drafting would report: rows drafted for, and a suffix row's own index
+        brought up to all its tokens but the pending one."""
+        if not self.lookup_kinds:
+            return
+        proposals.indexed_to = [0] * len(decode)
+        for index, (row, k) in enumerate(decode):
+            kind = self._kind(row)
+            if k <= 0 or kind not in self.lookup_kinds:
+                continue
+            proposals.num_lookup_rows += 1
+            if kind in INDEXING_DRAFTERS:
+                proposals.indexed_to[index] = len(row.token_ids) - 1
+                proposals.num_indexed_tokens += max(0, len(row.token_ids) - 1 - row.num_indexed)
+
     def _verify(self, decode: list[tuple[Row, int]], starts: list[int], proposals: Proposals
                 ) -> tuple[list[RowOutcome], PassShape]:
         # the hot loop of a simulation (one iteration per row per round): properties inlined
         num_accepted_of, rngs, outputs = self.acceptance.num_accepted, self.rngs, self.outputs
         log_alphas, drafts, log, num_fed = self._log_alphas, self._drafts, math.log, proposals.num_fed
+        indexed_to = proposals.indexed_to
         outcomes = []
         max_end = num_positions = max_len = 0
         for index, (row, k) in enumerate(decode):
@@ -177,7 +199,8 @@ class SimBackend:
             if ends_with_eos and 0 <= eos_at <= num_accepted:
                 emitted[eos_at] = SIM_EOS_TOKEN_ID
             proposed = drafts.get(k) or drafts.setdefault(k, [SIM_TOKEN_ID] * k)  # shared, never mutated
-            outcomes.append(RowOutcome(row, k, proposed, num_accepted, emitted, num_fed[index]))
+            outcomes.append(RowOutcome(row, k, proposed, num_accepted, emitted, num_fed[index],
+                                       num_indexed=indexed_to[index] if indexed_to else 0))
         return outcomes, self._pass_shape(len(decode), max_end, max_len, num_positions,
                                           sum(starts) + num_positions)
 
@@ -210,7 +233,8 @@ class SimBackend:
         prefill -= c.target_passes * (num_shares - outcome.num_target_passes)
         if (proposals := outcome.proposals) is not None:
             draft = (c.draft_passes * proposals.num_passes
-                     + c.draft_rows * (proposals.num_draft_positions + proposals.num_padded_draft_positions))
+                     + c.draft_rows * (proposals.num_draft_positions + proposals.num_padded_draft_positions)
+                     + c.lookup_ms(proposals.num_lookup_rows, proposals.num_indexed_tokens))
         scale = self._round_speed()
         return prefill * scale, draft_prefill * scale, draft * scale, (c.intercept_ms + verify) * scale
 
