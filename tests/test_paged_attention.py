@@ -50,10 +50,39 @@ def test_attention_over_blocks_is_attention(monkeypatch, dtype, tolerance, kerne
 
 
 def test_loading_the_kernel_leaves_subnormals_alone():
-    """Its fast-math flags compile only: linked, gcc's start-up code would set flush-to-zero for the
+    """A C library's fast-math flags compile only: linked, gcc's start-up code would set flush-to-zero for the
     whole process, changing torch's (and Python's) arithmetic on tiny numbers."""
     if paged_kernel.load() is None:
         pytest.skip("no C compiler here")
     tiny = sys.float_info.min
     assert tiny / 2 > 0
     assert torch.tensor([tiny], dtype=torch.float64).div(2).item() > 0
+
+
+def _random_pools(dtype: torch.dtype, num_blocks: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.randn(KV_HEADS, num_blocks * BLOCK, dim, generator=generator).to(dtype)
+    return keys, torch.randn(KV_HEADS, num_blocks * BLOCK, dim, generator=generator).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype):
+    """Batch invariance, what keeps speculation's greedy output plain decoding's: a token verified in
+    a row of 5 (lanes across the vector) attends exactly as when decoded alone (lanes across
+    dimensions), and either way of laying out the work gives the same bits."""
+    if paged_kernel.load() is None:
+        pytest.skip("no C compiler here")
+    dim, start, window = 64, 37, 5
+    keys, values = _random_pools(dtype, 12, dim, seed=1)
+    q = torch.randn(window, HEADS, dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    table = [5, 0, 9, 3, 11, 7, 2, 8, 1, 10, 4, 6]
+    verified = paged_cache.attend(q, keys, values, build_layout([table], [start], [window], BLOCK, torch.device("cpu")),
+                                  0.125)
+    decoded = paged_cache.attend(q, keys, values, build_layout([table] * window, [start + i for i in range(window)],
+                                                               [1] * window, BLOCK, torch.device("cpu")), 0.125)
+    assert torch.equal(verified, decoded)
+    for few_lanes in (0, paged_kernel.MAX_LANES):  # every row across lanes, then every row across dimensions
+        monkeypatch.setattr(paged_kernel, "FEW_LANES", few_lanes)
+        layout = build_layout([table] * 2, [start, start + 2], [window, 1], BLOCK, torch.device("cpu"))
+        both = paged_cache.attend(torch.cat([q, q[2:3]]), keys, values, layout, 0.125)
+        assert torch.equal(both[:window], verified) and torch.equal(both[window], verified[2])

@@ -152,8 +152,8 @@ class PagedKVCache(Cache):
     def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, layout: PassLayout) -> None:
         """keys / values: [tokens, kv_heads, dim] of a flat pass, written at the layout's positions."""
         pool_keys, pool_values = self.keys[layer_idx], self.values[layer_idx]
-        pool_keys[:, layout.slot_mapping] = keys.transpose(0, 1).to(pool_keys.dtype)
-        pool_values[:, layout.slot_mapping] = values.transpose(0, 1).to(pool_values.dtype)
+        pool_keys.index_copy_(1, layout.slot_mapping, keys.transpose(0, 1).to(pool_keys.dtype))
+        pool_values.index_copy_(1, layout.slot_mapping, values.transpose(0, 1).to(pool_values.dtype))
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # key_states / value_states: [1, num_kv_heads, tokens, head_dim] of the flat pass

@@ -4,10 +4,12 @@ compiler on first use and loaded with ctypes.
 Why a kernel: attention over a paged cache through SDPA has to gather each row's blocks into a
 contiguous copy first, per layer and pass; for decode-shaped passes (a few verify positions per
 row over a long context) that copy costs more than the attention itself. The kernel reads the
-blocks in place: SmolLM2's heads, 32 rows x 1 position after 256, a layer 0.50 ms against 1.58
-gathered in float32, 0.43 against 1.11 in bfloat16; its time grows with the query positions, so
-past `_WINNING_LANES` a row gathers (`benchmarks/paged_attention_lanes.py`). Built by `c_library`;
-where no compiler works, `load()` returns None and attention gathers (`paged_cache.attend`), as exact.
+blocks in place, and gives a token the same bits whether its row decodes one position or verifies
+several (its C file says how), so speculation changes nothing plain decoding computes. Rows of up
+to `FEW_LANES` lanes (query positions x query heads per KV head) are laid across the head's
+dimensions, longer ones across lanes; past `_WINNING_LANES` a row gathers
+(`benchmarks/paged_attention_lanes.py`). Where no compiler works, `load()` returns None and
+attention gathers (`paged_cache.attend`), as exact.
 """
 
 from __future__ import annotations
@@ -21,24 +23,25 @@ import torch
 from specbatch.engine import c_library
 
 SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
-# fast math: reassociated dot products and sums, and exponentials through the vector maths library,
-# which needs finite-only maths (the kernel starts each max from a score, not -inf); 512-bit vectors.
-# The kernel's time per layer halved with them (`benchmarks/paged_attention_lanes.py`, float32 32 rows
-# x 3 lanes 0.64 -> 0.49 ms, 15 lanes 2.36 -> 1.18); they compile only, never link (`c_library`)
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
+# no fast math: the kernel's batch invariance rests on every sum keeping its order (it vectorises
+# across lanes or dimensions without reassociating, and computes its own exponential); 512-bit vectors;
+# compile flags only, never linked (`c_library`)
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC"]
 _INT64 = ctypes.c_int64
-_ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, ctypes.c_int]
-MAX_LANES, MAX_DIM = 64, 256  # the kernel's per-row buffers: query positions x query heads per KV head, head size
+_ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, _INT64, ctypes.c_int]
+MAX_LANES, MAX_DIM, WIDTH = 64, 256, 16  # the kernel's per-row buffers: query positions x query heads per KV head, head size
 # by the pools' dtype; bfloat16 pools are read into float32 arithmetic (queries and outputs float32)
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
 _ARITHMETIC = {torch.bfloat16: torch.float32}
-# the most lanes a row may bring (query positions x query heads per KV head) for the kernel to beat a
-# gather and SDPA: its time grows with lanes, the gather's barely (`benchmarks/paged_attention_lanes.py`,
-# SmolLM2's heads, 32 rows after 256 positions, a layer, ms at 3 / 9 / 15 / 18 / 24 / 30 lanes: float32
-# kernel 0.50 / 0.94 / 1.25 / 1.45 / 2.02 / 2.45, gathered 1.6-2.7; bfloat16 0.43 / 0.81 / 1.22 / 1.48 /
-# 2.04 / 2.53, gathered 1.11-1.58)
-_WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 12}
+# lanes a row may bring to be laid across dimensions: past them the work goes across lanes, whose cost
+# is flat up to WIDTH (`benchmarks/paged_attention_lanes.py`, SmolLM2's heads, 32 rows after 256
+# positions, a layer, bfloat16, ms at 3 / 6 / 15 lanes: across dimensions 0.50 / 0.87 / -, across
+# lanes - / - / 0.99; the gather 1.1-1.4)
+FEW_LANES = 6
+# the most lanes a row may bring for the kernel to beat a gather and SDPA (same benchmark, 24 lanes:
+# float32 kernel 1.98 ms against 2.6-2.8 gathered, bfloat16 1.84 against 1.45)
+_WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 16}
 
 
 @cache
@@ -53,7 +56,7 @@ def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tens
     heads, dim = query.shape[-2], query.shape[-1]
     return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
             and query_len * heads // key_pool.shape[0] <= min(MAX_LANES, _WINNING_LANES[key_pool.dtype])
-            and max(dim, value_pool.shape[-1]) <= MAX_DIM
+            and max(dim, value_pool.shape[-1]) <= MAX_DIM and dim % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
             and load() is not None)
 
 
@@ -69,6 +72,6 @@ def attend(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, ta
     getattr(library, _FUNCTIONS[key_pool.dtype])(
         q.data_ptr(), key_pool.data_ptr(), value_pool.data_ptr(), out.data_ptr(), tables.data_ptr(),
         tables.shape[1], rows[0].data_ptr(), rows[1].data_ptr(), rows[2].data_ptr(), rows.shape[1], q.shape[1],
-        key_pool.shape[0], q.shape[2], value_pool.shape[-1], key_pool.shape[1], block_size, scale,
+        key_pool.shape[0], q.shape[2], value_pool.shape[-1], key_pool.shape[1], block_size, scale, FEW_LANES,
         torch.get_num_threads())
     return out

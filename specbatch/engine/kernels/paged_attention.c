@@ -5,78 +5,272 @@
  * Layouts (contiguous): q [tokens, heads, dim], out [tokens, heads, value_dim] and the pools
  * [kv_heads, positions, dim]; q, out and the pools all float32 or all float64, or q and out float32
  * over bfloat16 pools (read as raw 16-bit words, widened to float32 exactly); tables [rows,
- * table_stride] block ids. Row r's tokens
- * are row_first[r] .. + row_tokens[r] - 1, at positions row_start[r] ..; token i of the row sees
- * positions 0 .. row_start[r] + i (causal). Two passes per row and KV head: every lane's scores
- * (lane = query position x query head), then the weighted values; each key and value is read once.
- * Positions are walked block by block, so finding a position's slot costs no division.
- * Built by specbatch/engine/paged_kernel.py. */
+ * table_stride] block ids. Row r's tokens are row_first[r] .. + row_tokens[r] - 1, at positions
+ * row_start[r] ..; token i of the row sees positions 0 .. row_start[r] + i (causal). head_dim and
+ * value_dim are multiples of WIDTH.
+ *
+ * A lane is one query position x one query head. Two ways to lay the work on vectors of WIDTH:
+ * - across dimensions (`few`), for rows of few lanes (plain decoding: 1 position x the query heads
+ *   of a KV head): a score is WIDTH partial dot products summed by a fixed tree;
+ * - across lanes (`wide`), for verify rows: a key element is broadcast against WIDTH lanes' query
+ *   elements, so a row of 5 positions x 3 heads costs what one of 1 x 3 does. The WIDTH partial
+ *   sums are kept apart and summed by the same tree.
+ * Both give every lane the same operations in the same order (partial c sums dimensions c, c +
+ * WIDTH, ... ascending; scores, weights and values summed over positions ascending; no fast math,
+ * so nothing is reassociated; a position a lane does not see adds an exact zero; the exponential
+ * written here, the same on every element), so a token's attention is bit for bit the same in a
+ * decoding row and in a verify row of any length: speculation keeps plain decoding's results.
+ * Two passes per row and KV head: the scores at every position (a block widened at a time), then
+ * the weighted values. Built by specbatch/engine/paged_kernel.py. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-#define MAX_DIM 256
-#define MAX_LANES 64
+#define WIDTH 16
+/* keys scored, and value dimensions accumulated, at once in `wide`: independent sums in registers,
+ * enough to cover the multiply-add's latency */
+#define KEY_STEP 8
+#define VALUE_STEP 8
 
-#define DEFINE_KERNEL(NAME, QT, KT, LOAD, EXP)                                                           \
+typedef float f32xW __attribute__((vector_size(WIDTH * sizeof(float))));
+typedef double f64xW __attribute__((vector_size(WIDTH * sizeof(double))));
+typedef int32_t i32xW __attribute__((vector_size(WIDTH * sizeof(int32_t))));
+typedef int64_t i64xW __attribute__((vector_size(WIDTH * sizeof(int64_t))));
+
+/* the sum of WIDTH partials P(0) .. P(15), as a vector's halves are added down to one element */
+#define TREE(P) (((((P(0) + P(8)) + (P(4) + P(12))) + ((P(2) + P(10)) + (P(6) + P(14)))) +               \
+                  (((P(1) + P(9)) + (P(5) + P(13))) + ((P(3) + P(11)) + (P(7) + P(15))))))
+
+/* e^x on a vector of float32, within a few ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
+ * parts), e^r by its Taylor series to r^7 (the next term < 5e-9 relative), 2^n put in the exponent */
+static inline f32xW exp_f32(f32xW x) {
+    const f32xW low = x * 0 - 87.0f, high = x * 0 + 88.0f;
+    x = (f32xW)(((i32xW)x & (x > low)) | ((i32xW)low & ~(x > low)));
+    x = (f32xW)(((i32xW)x & (x < high)) | ((i32xW)high & ~(x < high)));
+    f32xW t = x * 1.44269504f + 0.5f;
+    i32xW n = __builtin_convertvector(t, i32xW); /* toward zero; one less where that rounded up */
+    n += (i32xW)(__builtin_convertvector(n, f32xW) > t);
+    f32xW whole = __builtin_convertvector(n, f32xW);
+    f32xW r = x - whole * 0.693359375f + whole * 2.12194440e-4f;
+    f32xW p = x * 0 + 1.0f / 5040;
+    p = p * r + 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * (f32xW)((n + 127) << 23);
+}
+
+/* float64 lanes (tests, references) take libm's exp, one lane at a time, the same for each */
+static inline f64xW exp_f64(f64xW x) {
+    for (int l = 0; l < WIDTH; l++) x[l] = exp(x[l]);
+    return x;
+}
+
+#define PARTIAL(c) partial[j][c]
+
+/* TREE on one vector's elements: its upper half added onto the lower, down to element 0 */
+#define HALVES(s) ({                                                                                     \
+    __typeof__(s) v = (s);                                                                               \
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);       \
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);                   \
+    v += __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);                   \
+    v += __builtin_shufflevector(v, v, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);                   \
+    v[0];                                                                                                \
+})
+
+/* asks for the block of `w` holding position `first` (if any) to be on its way to the cache: blocks lie
+ * anywhere in the pool, so the hardware's prefetcher finds each only after its first lines. A
+ * statement, not a function: gcc takes a function that only prefetches for one without effects and
+ * drops its calls */
+#define PREFETCH(w, pool, first, dim)                                                                    \
+    if ((first) < (w)->end) {                                                                            \
+        int64_t count_ = (w)->end - (first) < (w)->block_size ? (w)->end - (first) : (w)->block_size;    \
+        const char *from_ = (const char *)((pool) + (w)->table[(first) / (w)->block_size] * (w)->block_size * (dim)); \
+        for (int64_t byte_ = 0; byte_ < (int64_t)sizeof(*(pool)) * count_ * (dim); byte_ += 64)          \
+            __builtin_prefetch(from_ + byte_);                                                           \
+    }
+
+#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, EXP, LOWEST)                                              \
+typedef struct {                                                                                         \
+    const QT *q;                                                                                         \
+    QT *out;                                                                                             \
+    const KT *k_pool, *v_pool; /* this KV head's */                                                      \
+    const int64_t *table;                                                                                \
+    int64_t start, end, lanes, head_dim, value_dim, block_size;                                          \
+    QT scale;                                                                                            \
+    int64_t at[WIDTH]; /* each lane's (token, head) row in q and out */                                  \
+    IT seen;           /* a lane sees positions 0 .. seen - 1; padding lanes none */                      \
+    VT *scores;        /* scores, then weights: `wide` [end] vectors of lanes, `few` per lane */         \
+    VT *qt, *acc;      /* [head_dim], [value_dim] vectors of scratch */                                  \
+    QT *block;         /* [block_size, dim] one block of keys or values, widened */                      \
+} NAME##_chunk;                                                                                          \
+                                                                                                         \
+/* the block holding position `first` from a pool, widened to QT; returns its positions in use */        \
+static int64_t NAME##_widen(const NAME##_chunk *w, const KT *pool, int64_t first, int64_t dim) {          \
+    int64_t count = w->end - first < w->block_size ? w->end - first : w->block_size;                     \
+    const KT *from = pool + w->table[first / w->block_size] * w->block_size * dim;                       \
+    for (int64_t i = 0; i < count * dim; i++) w->block[i] = LOAD(from[i]);                               \
+    return count;                                                                                        \
+}                                                                                                        \
+                                                                                                         \
+/* scores -> weights, softmax per lane over the positions it sees (all lanes see those before            \
+ * `start`); returns each lane's sum of weights */                                                       \
+static VT NAME##_softmax(const NAME##_chunk *w) {                                                        \
+    VT high = w->scores[0] * 0 + LOWEST, total = high * 0;                                               \
+    for (int64_t p = 0; p < w->end; p++) {                                                               \
+        IT larger = w->scores[p] > high;                                                                 \
+        if (p >= w->start) larger &= w->seen > (__typeof__(w->seen[0]))p;                                \
+        high = (VT)(((IT)w->scores[p] & larger) | ((IT)high & ~larger));                                 \
+    }                                                                                                    \
+    for (int64_t p = 0; p < w->end; p++) {                                                               \
+        VT weight = EXP(w->scores[p] - high);                                                            \
+        if (p >= w->start) weight = (VT)((IT)weight & (w->seen > (__typeof__(w->seen[0]))p));            \
+        w->scores[p] = weight;                                                                           \
+        total += weight;                                                                                 \
+    }                                                                                                    \
+    return total;                                                                                        \
+}                                                                                                        \
+                                                                                                         \
+/* across lanes: vector element l is lane l throughout */                                                \
+static void NAME##_wide(NAME##_chunk *w) {                                                               \
+    int64_t head_dim = w->head_dim, value_dim = w->value_dim;                                            \
+    VT *qt = w->qt, *acc = w->acc;                                                                       \
+    memset(qt, 0, sizeof(VT) * head_dim);                                                                \
+    for (int64_t l = 0; l < w->lanes; l++)                                                               \
+        for (int64_t d = 0; d < head_dim; d++) qt[d][l] = w->q[w->at[l] * head_dim + d];                 \
+    for (int64_t first = 0; first < w->end; first += w->block_size) {                                    \
+        int64_t count = NAME##_widen(w, w->k_pool, first, head_dim);                                     \
+        PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
+        PREFETCH(w, w->v_pool, first, value_dim)                                                         \
+        for (int64_t i = 0; i < count; i += KEY_STEP) {                                                  \
+            int64_t keys = count - i < KEY_STEP ? count - i : KEY_STEP;                                  \
+            const QT *key = w->block + i * head_dim;                                                     \
+            VT partial[KEY_STEP][WIDTH];                                                                 \
+            for (int64_t c = 0; c < WIDTH; c++) {                                                        \
+                VT s[KEY_STEP];                                                                          \
+                for (int64_t j = 0; j < KEY_STEP; j++) s[j] = qt[0] * 0;                                 \
+                for (int64_t m = c; m < head_dim; m += WIDTH) {                                          \
+                    if (keys == KEY_STEP)                                                                \
+                        for (int64_t j = 0; j < KEY_STEP; j++) s[j] += qt[m] * key[j * head_dim + m];    \
+                    else                                                                                 \
+                        for (int64_t j = 0; j < keys; j++) s[j] += qt[m] * key[j * head_dim + m];        \
+                }                                                                                        \
+                for (int64_t j = 0; j < KEY_STEP; j++) partial[j][c] = s[j];                             \
+            }                                                                                            \
+            for (int64_t j = 0; j < keys; j++) w->scores[first + i + j] = TREE(PARTIAL) * w->scale;      \
+        }                                                                                                \
+    }                                                                                                    \
+    VT total = NAME##_softmax(w);                                                                        \
+    memset(acc, 0, sizeof(VT) * value_dim);                                                              \
+    for (int64_t first = 0; first < w->end; first += w->block_size) {                                    \
+        int64_t count = NAME##_widen(w, w->v_pool, first, value_dim);                                    \
+        const VT *weights = w->scores + first;                                                           \
+        for (int64_t d0 = 0; d0 < value_dim; d0 += VALUE_STEP) {                                         \
+            VT sum[VALUE_STEP];                                                                          \
+            for (int64_t dd = 0; dd < VALUE_STEP; dd++) sum[dd] = acc[d0 + dd];                          \
+            for (int64_t i = 0; i < count; i++)                                                          \
+                for (int64_t dd = 0; dd < VALUE_STEP; dd++) sum[dd] += weights[i] * w->block[i * value_dim + d0 + dd]; \
+            for (int64_t dd = 0; dd < VALUE_STEP; dd++) acc[d0 + dd] = sum[dd];                          \
+        }                                                                                                \
+    }                                                                                                    \
+    for (int64_t d = 0; d < value_dim; d++) acc[d] /= total;                                             \
+    for (int64_t l = 0; l < w->lanes; l++)                                                               \
+        for (int64_t d = 0; d < value_dim; d++) w->out[w->at[l] * value_dim + d] = acc[d][l];            \
+}                                                                                                        \
+                                                                                                         \
+/* across dimensions: vector element c is dimension c (mod WIDTH) of one lane; each lane's scores     \
+ * and weights together ([lanes, end rounded up to WIDTH] in `scores`), the softmax across positions */ \
+static void NAME##_few(NAME##_chunk *w) {                                                                \
+    int64_t head_dim = w->head_dim, value_dim = w->value_dim, end = w->end;                              \
+    int64_t chunks = head_dim / WIDTH, value_chunks = value_dim / WIDTH, stride = (end + WIDTH - 1) / WIDTH; \
+    VT *qv = w->qt, *acc = w->acc; /* [lanes, chunks], [lanes, value_chunks] */                           \
+    QT *scores = (QT *)w->scores;                                                                        \
+    for (int64_t l = 0; l < w->lanes; l++) memcpy(qv + l * chunks, w->q + w->at[l] * head_dim, sizeof(VT) * chunks); \
+    for (int64_t first = 0; first < end; first += w->block_size) {                                       \
+        int64_t count = NAME##_widen(w, w->k_pool, first, head_dim);                                     \
+        PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
+        PREFETCH(w, w->v_pool, first, value_dim)                                                         \
+        for (int64_t i = 0; i < count; i++) {                                                            \
+            const VT *key = (const VT *)(w->block + i * head_dim);                                       \
+            for (int64_t l = 0; l < w->lanes; l++) {                                                     \
+                VT s = qv[0] * 0;                                                                        \
+                for (int64_t m = 0; m < chunks; m++) s += qv[l * chunks + m] * key[m];                   \
+                scores[l * stride * WIDTH + first + i] = HALVES(s) * w->scale;                       \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    QT total[WIDTH] = {0};                                                                               \
+    for (int64_t l = 0; l < w->lanes; l++) {                                                             \
+        QT *lane = scores + l * stride * WIDTH, high = LOWEST;                                           \
+        int64_t seen = w->seen[l], p = 0;                                                                \
+        VT most = qv[0] * 0 + LOWEST; /* the max, in any order: exact */                                 \
+        for (; p + WIDTH <= seen; p += WIDTH) {                                                          \
+            VT x = ((VT *)lane)[p / WIDTH];                                                              \
+            IT more = x > most;                                                                          \
+            most = (VT)(((IT)x & more) | ((IT)most & ~more));                                            \
+        }                                                                                                \
+        for (int64_t c = 0; c < WIDTH; c++) high = most[c] > high ? most[c] : high;                      \
+        for (; p < seen; p++) high = lane[p] > high ? lane[p] : high;                                    \
+        for (int64_t v = 0; v < stride; v++) ((VT *)lane)[v] = EXP(((VT *)lane)[v] - high);              \
+        for (p = seen; p < end; p++) lane[p] = 0;                                                        \
+    }                                                                                                    \
+    for (int64_t p = 0; p < end; p++) /* every lane's sum in order, the lanes' chains side by side */    \
+        for (int64_t l = 0; l < w->lanes; l++) total[l] += scores[l * stride * WIDTH + p];               \
+    memset(acc, 0, sizeof(VT) * w->lanes * value_chunks);                                                \
+    for (int64_t first = 0; first < end; first += w->block_size) {                                       \
+        int64_t count = NAME##_widen(w, w->v_pool, first, value_dim);                                    \
+        for (int64_t i = 0; i < count; i++) {                                                            \
+            const VT *value = (const VT *)(w->block + i * value_dim);                                    \
+            for (int64_t l = 0; l < w->lanes; l++) {                                                     \
+                QT weight = scores[l * stride * WIDTH + first + i];                                      \
+                for (int64_t m = 0; m < value_chunks; m++) acc[l * value_chunks + m] += weight * value[m]; \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    for (int64_t l = 0; l < w->lanes; l++)                                                               \
+        for (int64_t d = 0; d < value_dim; d++)                                                          \
+            w->out[w->at[l] * value_dim + d] = acc[l * value_chunks + d / WIDTH][d % WIDTH] / total[l];  \
+}                                                                                                        \
+                                                                                                         \
 void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_t *tables,              \
           int64_t table_stride, const int64_t *row_first, const int64_t *row_tokens,                      \
           const int64_t *row_start, int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,            \
           int64_t head_dim, int64_t value_dim, int64_t pool_positions, int64_t block_size, double scale,  \
-          int num_threads) {                                                                             \
+          int64_t few_lanes, int num_threads) {                                                          \
     int64_t group = num_heads / num_kv_heads;                                                            \
     _Pragma("omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)")                 \
     for (int64_t r = 0; r < num_rows; r++) {                                                             \
         for (int64_t kh = 0; kh < num_kv_heads; kh++) {                                                  \
-            int64_t lanes = row_tokens[r] * group, start = row_start[r], end = start + row_tokens[r];    \
-            const int64_t *table = tables + r * table_stride;                                            \
-            QT *scores = malloc(sizeof(QT) * lanes * end);                                               \
-            const QT *lane_q[MAX_LANES];                                                                 \
-            QT *lane_out[MAX_LANES];                                                                     \
-            for (int64_t lane = 0; lane < lanes; lane++) {                                               \
-                int64_t at = (row_first[r] + lane / group) * num_heads + kh * group + lane % group;      \
-                lane_q[lane] = q + at * head_dim;                                                        \
-                lane_out[lane] = out + at * value_dim;                                                   \
-                for (int64_t d = 0; d < value_dim; d++) lane_out[lane][d] = 0;                           \
-            }                                                                                            \
-            /* pass 1: every lane's scores, reading each key once for all lanes */                       \
-            for (int64_t first = 0; first < end; first += block_size) {                                  \
-                int64_t count = end - first < block_size ? end - first : block_size;                     \
-                const KT *kp = k_pool + (kh * pool_positions + table[first / block_size] * block_size) * head_dim; \
-                for (int64_t i = 0; i < count; i++, kp += head_dim) {                                    \
-                    QT key[MAX_DIM];                                                                     \
-                    for (int64_t d = 0; d < head_dim; d++) key[d] = LOAD(kp[d]);                         \
-                    for (int64_t lane = 0; lane < lanes; lane++) {                                       \
-                        const QT *qh = lane_q[lane];                                                     \
-                        QT score = 0;                                                                    \
-                        for (int64_t d = 0; d < head_dim; d++) score += qh[d] * key[d];                  \
-                        scores[lane * end + first + i] = score * (QT)scale;                              \
-                    }                                                                                    \
+            int64_t lanes = row_tokens[r] * group, end = row_start[r] + row_tokens[r];                   \
+            int64_t widest = head_dim > value_dim ? head_dim : value_dim;                                \
+            /* one allocation, the vectors first (aligned): qt, acc, scores, then the widened block */   \
+            size_t vectors = head_dim + value_dim + end + WIDTH; /* scores: `few` rounds each lane's up */ \
+            size_t bytes = sizeof(VT) * vectors + sizeof(QT) * block_size * widest;                      \
+            VT *work = aligned_alloc(sizeof(VT), (bytes + sizeof(VT) - 1) / sizeof(VT) * sizeof(VT));    \
+            for (int64_t lane0 = 0; lane0 < lanes; lane0 += WIDTH) {                                     \
+                NAME##_chunk w = {.q = q, .out = out, .k_pool = k_pool + kh * pool_positions * head_dim, \
+                                  .v_pool = v_pool + kh * pool_positions * value_dim,                    \
+                                  .table = tables + r * table_stride, .start = row_start[r], .end = end, \
+                                  .lanes = lanes - lane0 < WIDTH ? lanes - lane0 : WIDTH,                \
+                                  .head_dim = head_dim, .value_dim = value_dim, .block_size = block_size, \
+                                  .scale = (QT)scale, .seen = {0}, .scores = work + head_dim + value_dim, \
+                                  .qt = work, .acc = work + head_dim, .block = (QT *)(work + vectors)};   \
+                for (int64_t l = 0; l < w.lanes; l++) {                                                  \
+                    int64_t lane = lane0 + l;                                                            \
+                    w.at[l] = (row_first[r] + lane / group) * num_heads + kh * group + lane % group;     \
+                    w.seen[l] = row_start[r] + lane / group + 1;                                         \
                 }                                                                                        \
+                if (w.lanes <= few_lanes)                                                                \
+                    NAME##_few(&w);                                                                      \
+                else                                                                                     \
+                    NAME##_wide(&w);                                                                     \
             }                                                                                            \
-            /* softmax per lane over the positions its token sees (0 .. start + token) */                \
-            for (int64_t lane = 0; lane < lanes; lane++) {                                               \
-                int64_t seen = start + lane / group + 1;                                                 \
-                QT *row = scores + lane * end, high = row[0], total = 0; /* no infinities: fast-math */  \
-                for (int64_t p = 0; p < seen; p++) high = row[p] > high ? row[p] : high;                 \
-                for (int64_t p = 0; p < seen; p++) { row[p] = EXP(row[p] - high); total += row[p]; }     \
-                for (int64_t p = 0; p < seen; p++) row[p] /= total;                                      \
-                for (int64_t p = seen; p < end; p++) row[p] = 0;                                         \
-            }                                                                                            \
-            /* pass 2: each lane's weighted values, reading each value once for all lanes */             \
-            for (int64_t first = 0; first < end; first += block_size) {                                  \
-                int64_t count = end - first < block_size ? end - first : block_size;                     \
-                const KT *vp = v_pool + (kh * pool_positions + table[first / block_size] * block_size) * value_dim; \
-                for (int64_t i = 0; i < count; i++, vp += value_dim) {                                   \
-                    QT value[MAX_DIM];                                                                   \
-                    for (int64_t d = 0; d < value_dim; d++) value[d] = LOAD(vp[d]);                      \
-                    for (int64_t lane = 0; lane < lanes; lane++) {                                       \
-                        QT weight = scores[lane * end + first + i], *oh = lane_out[lane];                \
-                        for (int64_t d = 0; d < value_dim; d++) oh[d] += weight * value[d];              \
-                    }                                                                                    \
-                }                                                                                        \
-            }                                                                                            \
-            free(scores);                                                                                \
+            free(work);                                                                                  \
         }                                                                                                \
     }                                                                                                    \
 }
@@ -89,6 +283,6 @@ static inline float bf16_to_float(uint16_t bits) {
     return widened.value;
 }
 
-DEFINE_KERNEL(paged_attention_f32, float, float, AS_IS, expf)
-DEFINE_KERNEL(paged_attention_f64, double, double, AS_IS, exp)
-DEFINE_KERNEL(paged_attention_bf16, float, uint16_t, bf16_to_float, expf)
+DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, exp_f64, -DBL_MAX)
+DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, bf16_to_float, exp_f32, -FLT_MAX)
