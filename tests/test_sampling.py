@@ -137,3 +137,14 @@ def test_a_token_after_an_accepted_draft_follows_the_target_law(small_vocab_pair
     assert_follows(rows, law, vocab, 3)
     reached_second = sum(1 for step in recorder.steps if step.num_proposed >= 2 and step.num_accepted >= 1)
     assert reached_second >= 200  # the rule judged draft position 1 this often
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_max_indices_are_argmax_on_ties_and_nan(dtype):
+    """The engine's greedy verify reads `logits.max(-1).indices` (argmax's time on bfloat16 logits is
+    4.7x max's): it must be argmax, the first maximum, through ties, infinities and NaN."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (37, 4099), generator=generator).to(dtype)  # many ties
+    logits[torch.rand(logits.shape, generator=generator) < 0.001] = float("nan")
+    logits[5, ::7] = float("inf")
+    assert torch.equal(logits.max(dim=-1).indices, logits.argmax(dim=-1))

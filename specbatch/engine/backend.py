@@ -186,7 +186,8 @@ class HFBackend:
     def _accept(self, rows: list[Row], ks: list[int], logits: torch.Tensor, windows: list[list[int]],
                 proposals: Proposals) -> list[RowOutcome]:
         """The acceptance rule per row over the verify logits [Σ window, vocab], rows in order."""
-        argmax = logits.argmax(dim=-1).tolist()  # [Σ window]
+        # [Σ window]; max's indices are argmax's (the first maximum, tested) at a quarter of its time on bf16
+        argmax = logits.max(dim=-1).indices.tolist()
         self._sync()
         outcomes, offset = [], 0
         for index, (row, k) in enumerate(zip(rows, ks, strict=True)):
