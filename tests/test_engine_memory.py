@@ -11,6 +11,7 @@ import pytest
 from engine_helpers import random_prompts, run_engine, tiny_config
 
 from specbatch.engine.build import load_models
+from specbatch.loop import fewer_collections
 
 
 @pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle"])
@@ -31,3 +32,16 @@ def test_a_finished_engine_frees_its_caches_without_the_collector(tiny_pair, tin
         assert all(cache() is None for cache in caches)
     finally:
         gc.enable()
+
+
+def test_rounds_run_with_fewer_collections_and_restore_the_threshold():
+    """Engine.run and a worker's loop collect cyclic garbage every 100,000 allocations (a suffix
+    index's many small objects made each default collection walk them all); after, the process's own
+    threshold is back, even when a round raised."""
+    before = gc.get_threshold()
+    with fewer_collections():
+        assert gc.get_threshold() == (100_000, *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), fewer_collections():
+        raise RuntimeError("a round failed")
+    assert gc.get_threshold() == before

@@ -40,7 +40,7 @@ from specbatch.job.lease import LeaseHeldError, hold_lease
 from specbatch.job.lock import check_epoch
 from specbatch.job.manifest import ShardEntry, append_part, load_manifest, update_manifest
 from specbatch.ledger import PartWriter, committed_request_ids, remove_orphan_parts
-from specbatch.loop import Engine
+from specbatch.loop import Engine, fewer_collections
 from specbatch.storage import Location, is_url, join, open_no_follow, open_storage
 
 log = logging.getLogger(__name__)
@@ -132,17 +132,18 @@ def run_worker(
         feed = pending_requests(job_dir, names, done)
         backlog = 2 * config.scheduler.max_batch_rows
         exhausted = False
-        while not stop_requested.is_set():
-            while not exhausted and len(engine.scheduler.waiting) < backlog:
-                exhausted = not _admit_next(engine, feed, progress)
-            if not engine.scheduler.has_work:
-                break
-            _count(engine.step(), progress)
-            crash_point("round")
-            _check_lease(lease_lost, worker_id)
-            _record_part(job_dir, writer.maybe_flush())
-            if on_round is not None:
-                on_round(progress)
+        with fewer_collections():
+            while not stop_requested.is_set():
+                while not exhausted and len(engine.scheduler.waiting) < backlog:
+                    exhausted = not _admit_next(engine, feed, progress)
+                if not engine.scheduler.has_work:
+                    break
+                _count(engine.step(), progress)
+                crash_point("round")
+                _check_lease(lease_lost, worker_id)
+                _record_part(job_dir, writer.maybe_flush())
+                if on_round is not None:
+                    on_round(progress)
         if stop_requested.is_set():
             _count(engine.cancel_all(), progress)
         _check_lease(lease_lost, worker_id)
