@@ -1,7 +1,7 @@
 """Attention over the paged cache per layer: the in-place kernel against a gather and SDPA, by query
 positions per row, for a dtype, at a model's head shape. The kernel's time grows with lanes (query
-positions x query heads per KV head), the gather's barely; `engine/paged_kernel._WINNING_LANES` is
-where they cross on this machine.
+positions x query heads per KV head), the gather's barely; `engine/paged_kernel.FEW_LANES` is
+where the kernel's two layouts cross, `KERNEL_LANES` where it gives way to a gather.
 
     python benchmarks/paged_attention_lanes.py --rows 32 --context 256 --query 1,2,3,5 --dtype float32,bfloat16
 
@@ -22,9 +22,9 @@ from specbatch.engine.paged_cache import build_layout
 def time_layer(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: paged_cache.PassLayout,
                kernel: bool, repeats: int) -> float:
     """Milliseconds for one layer's attention, the kernel forced on (whatever the lanes) or off."""
-    saved, winning = paged_cache.KERNEL_MAX_QUERY_LEN, dict(paged_kernel._WINNING_LANES)
+    saved, lanes = paged_cache.KERNEL_MAX_QUERY_LEN, paged_kernel.KERNEL_LANES
     paged_cache.KERNEL_MAX_QUERY_LEN = saved if kernel else 0
-    paged_kernel._WINNING_LANES.update(dict.fromkeys(winning, paged_kernel.MAX_LANES))
+    paged_kernel.KERNEL_LANES = paged_kernel.MAX_LANES
     try:
         for _ in range(3):
             paged_cache.attend(q, keys, values, layout, 0.125)
@@ -34,7 +34,7 @@ def time_layer(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout
         return (time.perf_counter() - started) / repeats * 1000
     finally:
         paged_cache.KERNEL_MAX_QUERY_LEN = saved
-        paged_kernel._WINNING_LANES.update(winning)
+        paged_kernel.KERNEL_LANES = lanes
 
 
 def main() -> None:

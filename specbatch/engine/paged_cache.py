@@ -48,7 +48,7 @@ class AttentionGroup:
     visible: torch.Tensor | None  # [rows, query_len, blocks · block_size] bool, True = attend; None: all
     keep: torch.Tensor | None  # [real tokens] indices into the flattened [rows * query_len] output
     tokens: torch.Tensor | None  # [real tokens] their indices in the pass
-    rows: torch.Tensor  # [3, rows] each row's first token among the group's, token count, first position (kernel)
+    rows: torch.Tensor  # [3, rows] each row's first token in the pass, token count, first position (kernel)
     _masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def mask(self, group_size: int) -> torch.Tensor | None:
@@ -69,6 +69,18 @@ class PassLayout:
     slot_mapping: torch.Tensor  # [tokens] physical position (block · block_size + offset) of each new token's KV
     block_size: int
     groups: list[AttentionGroup]
+    _kernel_inputs: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def kernel_inputs(self, chosen: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block tables [rows, blocks] and rows [3, rows] of the groups `chosen` (indices), for one
+        kernel call over all of them: built at the pass's first layer, reused by the others."""
+        if chosen not in self._kernel_inputs:
+            groups = [self.groups[index] for index in chosen]
+            width = max(group.num_row_blocks for group in groups)
+            tables = [F.pad(group.kv_blocks.view(group.num_rows, group.num_row_blocks),
+                            (0, width - group.num_row_blocks)) for group in groups]
+            self._kernel_inputs[chosen] = (torch.cat(tables), torch.cat([group.rows for group in groups], dim=1))
+        return self._kernel_inputs[chosen]
 
 
 def build_layout(tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int,
@@ -109,10 +121,8 @@ def _group(members: list[int], tables: list[list[int]], starts: list[int], lengt
     visible = positions[None, None, :] <= last_visible[:, :, None]  # causal
     visible &= positions[None, None, :] < ends_t[:, None, None]  # within the row's own KV
     mask = None if bool(visible.all()) else visible
-    firsts = [0]
-    for r in members[:-1]:
-        firsts.append(firsts[-1] + lengths[r])
-    rows = torch.tensor([firsts, [lengths[r] for r in members], [starts[r] for r in members]], device=device)
+    rows = torch.tensor([[offsets[r] for r in members], [lengths[r] for r in members], [starts[r] for r in members]],
+                        device=device)
     contiguous = members == list(range(members[0], members[-1] + 1))
     uniform = all(lengths[r] == query_len for r in members)
     if contiguous and uniform and offsets[members[0]] == 0 and offsets[members[-1] + 1] == offsets[-1]:
@@ -197,36 +207,32 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Pass
            softcap: float | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of a flat pass; key/value: a layer's pools [kv_heads, positions, dim].
     Returns [tokens, heads, value_dim]. Decode-shaped groups (a few positions a row) go to the
-    kernel that reads blocks in place; prefill chunks gather their rows' blocks for SDPA."""
+    kernel that reads blocks in place, all in one call over the pass's q (rows of every length: a
+    call per group and the gathers and scatters of their tokens cost a mixed constrained pass
+    ~11 ms); prefill chunks gather their rows' blocks for SDPA."""
     num_heads, value_dim = q.shape[1], value.shape[-1]
-    def use_kernel(group: AttentionGroup) -> bool:
-        return (softcap is None and group.query_len <= KERNEL_MAX_QUERY_LEN
-                and paged_kernel.supports(q, key, value, group.query_len))
-
+    chosen = tuple(index for index, group in enumerate(layout.groups)
+                   if softcap is None and group.query_len <= KERNEL_MAX_QUERY_LEN
+                   and paged_kernel.supports(q, key, value, group.query_len))
     out = None
-    for group in layout.groups:
+    if chosen:
+        tables, rows = layout.kernel_inputs(chosen)
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        out = paged_kernel.attend(q, key, value, tables, rows, layout.block_size, scale)  # the chosen rows' tokens
+        if len(chosen) == len(layout.groups):
+            return out.to(q.dtype)
+    for index, group in enumerate(layout.groups):
+        if index in chosen:
+            continue
         if group.token_index is None:  # the group is the whole pass, its tokens row-major
-            if use_kernel(group):
-                return _kernel(q, key, value, group, layout.block_size, scaling)
             return _attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group,
                            layout.block_size, scaling, softcap).reshape(layout.num_tokens, num_heads, value_dim)
         assert group.tokens is not None and group.keep is not None
         out = q.new_empty(layout.num_tokens, num_heads, value_dim) if out is None else out
-        if use_kernel(group):
-            out[group.tokens] = _kernel(q[group.tokens], key, value, group, layout.block_size, scaling)
-            continue
         attended = _attend(q[group.token_index], key, value, group, layout.block_size, scaling, softcap)
-        out[group.tokens] = attended.reshape(-1, num_heads, value_dim)[group.keep]
+        out[group.tokens] = attended.reshape(-1, num_heads, value_dim)[group.keep].to(out.dtype)
     assert out is not None
-    return out
-
-
-def _kernel(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup, block_size: int,
-            scaling: float | None) -> torch.Tensor:
-    """The group's tokens q [tokens, heads, dim] through the in-place kernel."""
-    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    tables = group.kv_blocks.view(group.num_rows, group.num_row_blocks)
-    return paged_kernel.attend(q, key, value, tables, group.rows, block_size, scale).to(q.dtype)
+    return out.to(q.dtype)
 
 
 def _attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup, block_size: int,

@@ -7,7 +7,7 @@ row over a long context) that copy costs more than the attention itself. The ker
 blocks in place, and gives a token the same bits whether its row decodes one position or verifies
 several (its C file says how), so speculation changes nothing plain decoding computes. Rows of up
 to `FEW_LANES` lanes (query positions x query heads per KV head) are laid across the head's
-dimensions, longer ones across lanes; past `_WINNING_LANES` a row gathers
+dimensions, longer ones across lanes; past `KERNEL_LANES` a row gathers
 (`benchmarks/paged_attention_lanes.py`). Where no compiler works, `load()` returns None and
 attention gathers (`paged_cache.attend`), as exact.
 """
@@ -28,8 +28,11 @@ SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
 # compile flags only, never linked (`c_library`)
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC"]
 _INT64 = ctypes.c_int64
-_ARGS = [ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7 + [ctypes.c_double, _INT64, ctypes.c_int]
-MAX_LANES, MAX_DIM, WIDTH = 64, 256, 16  # the kernel's per-row buffers: query positions x query heads per KV head, head size
+_ARGS = ([ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7
+         + [ctypes.c_double, _INT64, ctypes.c_int])
+# the kernel's limits: lanes a row (query positions x query heads per KV head), head size; its vectors'
+# width (head and value sizes are multiples of it)
+MAX_LANES, MAX_DIM, WIDTH = 64, 256, 16
 # by the pools' dtype; bfloat16 pools are read into float32 arithmetic (queries and outputs float32)
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
@@ -39,9 +42,13 @@ _ARITHMETIC = {torch.bfloat16: torch.float32}
 # positions, a layer, bfloat16, ms at 3 / 6 / 15 lanes: across dimensions 0.50 / 0.87 / -, across
 # lanes - / - / 0.99; the gather 1.1-1.4)
 FEW_LANES = 6
-# the most lanes a row may bring for the kernel to beat a gather and SDPA (same benchmark, 24 lanes:
-# float32 kernel 1.98 ms against 2.6-2.8 gathered, bfloat16 1.84 against 1.45)
-_WINNING_LANES = {torch.float32: 32, torch.float64: 32, torch.bfloat16: 16}
+# the most lanes a row may bring to the kernel rather than a gather and SDPA. Past WIDTH the kernel
+# runs a row in chunks; alone, a uniform pass of 9 positions a row gathers a little faster (SmolLM2,
+# bfloat16, 8 rows after 256: attention 15.6 ms a pass gathered, 17.1 in the kernel), but in a real
+# verify pass rows differ in length, and one kernel call over all of them (no group's gather and
+# scatter) won the job: SmolLM2 bfloat16 extraction under its schema, 8 rows, suffix fixed:8, 5.66-5.72 s
+# with bfloat16 rows past 16 lanes gathered, 4.83-5.04 s with every row in the kernel
+KERNEL_LANES = 48
 
 
 @cache
@@ -55,7 +62,7 @@ def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tens
     reads, sizes within its buffers, few enough lanes to be faster than a gather)."""
     heads, dim = query.shape[-2], query.shape[-1]
     return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
-            and query_len * heads // key_pool.shape[0] <= min(MAX_LANES, _WINNING_LANES[key_pool.dtype])
+            and query_len * heads // key_pool.shape[0] <= min(MAX_LANES, KERNEL_LANES)
             and max(dim, value_pool.shape[-1]) <= MAX_DIM and dim % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
             and load() is not None)
 
