@@ -118,8 +118,8 @@ static int64_t NAME##_widen(const NAME##_chunk *w, const KT *pool, int64_t first
     return count;                                                                                        \
 }                                                                                                        \
                                                                                                          \
-/* scores -> weights, softmax per lane over the positions it sees (all lanes see those before            \
- * `start`); returns each lane's sum of weights */                                                       \
+/* `wide`'s scores -> weights, softmax per lane over the positions it sees (all lanes see those before  \
+ * `start`); returns each lane's sum of weights (`few` does the same per lane, across positions) */      \
 static VT NAME##_softmax(const NAME##_chunk *w) {                                                        \
     VT high = w->scores[0] * 0 + LOWEST, total = high * 0;                                               \
     for (int64_t p = 0; p < w->end; p++) {                                                               \
