@@ -207,9 +207,9 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Pass
            softcap: float | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of a flat pass; key/value: a layer's pools [kv_heads, positions, dim].
     Returns [tokens, heads, value_dim]. Decode-shaped groups (a few positions a row) go to the
-    kernel that reads blocks in place, all in one call over the pass's q (rows of every length: a
-    call per group and the gathers and scatters of their tokens cost a mixed constrained pass
-    ~11 ms); prefill chunks gather their rows' blocks for SDPA."""
+    kernel that reads blocks in place, all in one call over the pass's q whatever their lengths (a
+    call per group, each gathering and scattering its tokens, slowed the mixed verify passes of a
+    constrained job: `paged_kernel.KERNEL_LANES`); prefill chunks gather their rows' blocks for SDPA."""
     num_heads, value_dim = q.shape[1], value.shape[-1]
     chosen = tuple(index for index, group in enumerate(layout.groups)
                    if softcap is None and group.query_len <= KERNEL_MAX_QUERY_LEN
