@@ -81,7 +81,7 @@ def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype):
     decoded = paged_cache.attend(q, keys, values, build_layout([table] * window, [start + i for i in range(window)],
                                                                [1] * window, BLOCK, torch.device("cpu")), 0.125)
     assert torch.equal(verified, decoded)
-    for few_lanes in (0, paged_kernel.MAX_LANES):  # every row across lanes, then every row across dimensions
+    for few_lanes in (0, paged_kernel.KERNEL_LANES):  # every row across lanes, then every row across dimensions
         monkeypatch.setattr(paged_kernel, "FEW_LANES", few_lanes)
         layout = build_layout([table] * 2, [start, start + 2], [window, 1], BLOCK, torch.device("cpu"))
         both = paged_cache.attend(torch.cat([q, q[2:3]]), keys, values, layout, 0.125)

@@ -30,9 +30,7 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC
 _INT64 = ctypes.c_int64
 _ARGS = ([ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7
          + [ctypes.c_double, _INT64, ctypes.c_int])
-# the kernel's limits: lanes a row (query positions x query heads per KV head), head size; its vectors'
-# width (head and value sizes are multiples of it)
-MAX_LANES, MAX_DIM, WIDTH = 64, 256, 16
+WIDTH = 16  # the kernel's vectors (float32 lanes); head and value sizes must be multiples of it
 # by the pools' dtype; bfloat16 pools are read into float32 arithmetic (queries and outputs float32)
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
@@ -59,11 +57,11 @@ def load() -> ctypes.CDLL | None:
 
 def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, query_len: int) -> bool:
     """Whether the kernel serves rows of `query_len` positions over these tensors (CPU, a dtype it
-    reads, sizes within its buffers, few enough lanes to be faster than a gather)."""
+    reads, head and value sizes in whole vectors, few enough lanes to beat a gather)."""
     heads, dim = query.shape[-2], query.shape[-1]
     return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
-            and query_len * heads // key_pool.shape[0] <= min(MAX_LANES, KERNEL_LANES)
-            and max(dim, value_pool.shape[-1]) <= MAX_DIM and dim % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
+            and query_len * heads // key_pool.shape[0] <= KERNEL_LANES
+            and dim % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
             and load() is not None)
 
 
