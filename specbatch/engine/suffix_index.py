@@ -142,20 +142,13 @@ class GrowingSuffixIndex(SuffixIndex):
         self.frontier: list[_Node] = []  # the path ends of the last max_depth − 1 starts
 
     def extend(self, token_ids: list[int]) -> None:
-        """`_count_child` written out in the loop: a call per step was ~40% of a row's indexing."""
         frontier, root, created, longest = self.frontier, self.root, 0, self.max_depth - 1
         for token in token_ids:
             frontier.append(root)
             ends = []
             for node in frontier:
-                children = node.children
-                if children is None:
-                    children = node.children = {}
-                child = children.get(token)
-                if child is None:
-                    child = children[token] = _Node()
-                    created += 1
-                child.count += 1
+                child, made = _count_child(node, token)
+                created += made
                 ends.append(child)
             if len(ends) > longest:  # that start's substring is max_depth long: it ends here
                 del ends[0]
