@@ -9,6 +9,7 @@ from dataclasses import fields
 
 import pytest
 import torch
+from conftest import make_tokenizer
 from rich.console import Console
 
 from specbatch.config import JobConfig
@@ -139,3 +140,63 @@ def test_peer_rows_carry_ratios_and_agreement_at_their_batch_size():
     assert rows[0].same_as_specbatch == 0.5 and rows[0].exact_match == 0.5
     assert rows[0].ratio_vs_none == pytest.approx(0.6) and ours[1].ratio_vs_peer == pytest.approx(100 / 60)
     assert rows[1].error == "ValueError: no" and rows[1].ratio_vs_peer is None
+
+
+def _vllm_guidance_grammar(fields: dict) -> str:
+    """The grammar vLLM's llguidance backend compiles from `StructuredOutputsParams(**fields)` with its
+    default config (free whitespace allowed): vllm/v1/structured_output/backend_guidance.py."""
+    import llguidance
+
+    if "json" in fields:
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(fields["json"]),
+                                                             defaults={"whitespace_flexible": True})
+    kind, text = next(iter(fields.items()))
+    return llguidance.grammar_from(kind, text)
+
+
+@pytest.mark.parametrize("fields", [
+    {"json_schema": {"type": "object", "properties": {"k": {"enum": ["yes", "no"]}, "n": {"type": "integer"},
+                                                      "tags": {"type": "array", "items": {"type": "string"}}},
+                     "required": ["k", "n", "tags"], "additionalProperties": False}},
+    {"response_format": {"type": "json_object"}}, {"choice": ["alpha", "beta", "be"]},
+    {"regex": "[0-9]{2}-[a-c]+"}, {"grammar": 'start: "print(" NUM ")"\nNUM: /[0-9]+/'}])
+def test_the_peer_masks_each_constraint_as_specbatch_does(fields):
+    """vLLM must run the job's grammar, not its own reading of the schema: the same mask at every
+    step of valid and near-valid outputs (free whitespace, compact separators), or its outputs and
+    speed answer a different question."""
+    import llguidance
+
+    from specbatch.data.constraints import llguidance_tokenizer, parse_constraint
+    from specbatch.lab.peer import structured_output
+
+    hf_tokenizer = make_tokenizer()
+    tokenizer = llguidance_tokenizer(hf_tokenizer)
+    constraint = parse_constraint(fields)
+    assert constraint is not None
+    ours = llguidance.LLMatcher(tokenizer, constraint.grammar(), log_level=0)
+    peers = llguidance.LLMatcher(tokenizer, _vllm_guidance_grammar(structured_output(constraint)), log_level=0)
+    texts = ['{"k": "yes", "n": 12, "tags": ["a", "b"]}', '{"k":"no","n":1,"tags":[]}', '{ "k": "no"}',
+             "beta", "be", "12-abc", "print(42)", "print( 4)"]
+    for text in texts:
+        ours.reset(), peers.reset()
+        for token in hf_tokenizer.encode(text):
+            assert ours.compute_bitmask() == peers.compute_bitmask()
+            if not ours.consume_token(token):
+                assert not peers.consume_token(token)
+                break
+            assert peers.consume_token(token)
+
+
+def test_a_peer_rows_valid_share_counts_the_outputs_it_finished():
+    from specbatch.lab.bench import _peer_valid_shares
+    from specbatch.lab.prompts import BenchPrompt
+
+    tokenizer = make_tokenizer()
+    choice = json.dumps({"kind": "choice", "text": json.dumps(["code", "prose"])})
+    prompts = [BenchPrompt(name, "prose", [1, 2], 4, choice) for name in ("a", "b", "c")]
+    outputs = {"a": tokenizer.encode("code"), "b": tokenizer.encode("poem"), "c": tokenizer.encode("pro")}
+    peer = {"results": [{"mode": "none", "batch_rows": 8, "outputs": outputs,
+                         "finish_reasons": {"a": "stop", "b": "stop", "c": "length"}}]}
+    rows = [BenchResult(name="vllm-none", tokens_per_s=1.0, exact_match=1.0, num_prompts=3, num_tokens=3, wall_s=1.0)]
+    _peer_valid_shares(rows, peer, prompts, tokenizer)
+    assert rows[0].valid_share == 0.5  # "pro" ran out of tokens: not judged

@@ -42,6 +42,7 @@ from specbatch.lab.constrained_workloads import (
     constrained_workload_prompts,
     masked_greedy_references,
     valid_share,
+    valid_share_of,
 )
 from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
@@ -373,7 +374,10 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         except (PeerError, subprocess.TimeoutExpired) as error:
             console.print(f"[red]peer failed[/]: {error}")
             return results
-        results += add_mfu(_peer_rows(peer_results, refs, results, k), num_params, peak)  # run at the same dtype
+        rows = _peer_rows(peer_results, refs, results, k)
+        if constrained:
+            _peer_valid_shares(rows, peer_results, prompts, models.tokenizer)
+        results += add_mfu(rows, num_params, peak)  # run at the same dtype
         print_rows(console, "specbatch bench, with the peer", [asdict(r) for r in results], COLUMNS)
         console.print(mfu_basis(num_params, peak))
     return results
@@ -390,6 +394,16 @@ def add_mfu(results: list[BenchResult], num_params: int, peak: GemmPeak) -> list
 def mfu_basis(num_params: int, peak: GemmPeak) -> str:
     """The line under the table that says what MFU divides by."""
     return f"MFU: tokens/s × 2 × {num_params / 1e6:.3g}M target parameters ÷ {peak.describe()}"
+
+
+def _peer_valid_shares(rows: list[BenchResult], peer: dict, prompts: list[BenchPrompt], tokenizer: Any) -> None:
+    """Each peer row's valid share: of the outputs vLLM finished by a stop token, those that satisfy
+    their constraint."""
+    runs = [run for run in peer["results"] if "error" not in run]
+    for row, run in zip((row for row in rows if row.error is None), runs, strict=True):
+        finished = {request_id: ids for request_id, ids in run["outputs"].items()
+                    if run["finish_reasons"][request_id] == "stop"}
+        row.valid_share = valid_share_of(prompts, finished, tokenizer)
 
 
 def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> list[BenchResult]:

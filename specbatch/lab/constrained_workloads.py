@@ -109,13 +109,20 @@ def masked_greedy_references(models: Models, prompts: list[BenchPrompt]) -> dict
 def valid_share(prompts: list[BenchPrompt], rows: list[Row], tokenizer: Any) -> float | None:
     """Of the constrained rows that finished (EOS), the share whose text satisfies the constraint;
     None without any."""
+    return valid_share_of(prompts, {row.request_id: row.output_ids for row in rows if row.finish_reason == "eos"},
+                          tokenizer)
+
+
+def valid_share_of(prompts: list[BenchPrompt], finished: dict[str, list[int]], tokenizer: Any) -> float | None:
+    """`valid_share` over the token ids of the requests that finished by EOS (a peer's outputs too)."""
     constraints = {prompt.request_id: prompt.constraint for prompt in prompts if prompt.constraint is not None}
-    finished = [row for row in rows if row.request_id in constraints and row.finish_reason == "eos"]
-    if not finished:
+    checked = [(Constraint.from_json(constraints[request_id]), ids) for request_id, ids in finished.items()
+               if request_id in constraints]
+    if not checked:
         return None
-    valid = sum(is_valid(Constraint.from_json(constraints[row.request_id]),
-                         str(tokenizer.decode(row.output_ids, skip_special_tokens=True))) for row in finished)
-    return valid / len(finished)
+    valid = sum(is_valid(constraint, str(tokenizer.decode(ids, skip_special_tokens=True)))
+                for constraint, ids in checked)
+    return valid / len(checked)
 
 
 def is_valid(constraint: Constraint, text: str) -> bool:

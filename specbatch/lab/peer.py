@@ -4,7 +4,8 @@ vLLM's CPU build pins a transformers release the project's venv cannot share, so
 process of the peer's Python (`benchmarks/peer/setup_vllm.sh` makes that venv) on `vllm_runner.py`,
 which imports only vLLM: a JSON request in (model paths, prompt ids, batch sizes, modes), token ids
 and seconds out. Each (batch size, mode) is one engine; its start-up is timed apart from its
-tokens/s, as graph capture is for specbatch's rows.
+tokens/s, as graph capture is for specbatch's rows. A constrained prompt (issue 42) runs under vLLM's
+structured outputs with its llguidance backend and the same grammar, so both engines mask alike.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from specbatch.config import ConfigError, JobConfig
+from specbatch.data.constraints import JSON_OPTIONS, Constraint
 from specbatch.engine.build import Models, eos_token_ids, kv_bytes_per_token, max_context
 from specbatch.engine.gemm_peak import dtype_name
 from specbatch.engine.gguf_models import model_dir
@@ -62,8 +64,9 @@ def run_vllm(config: JobConfig, models: Models, prompts: list[BenchPrompt], batc
         "kv_cache_bytes": max(2 * kv_bytes_per_token(models) * max_model_len * max(batch_sizes), 64 << 20),
         "eos": sorted(eos_token_ids(models)), "batch_sizes": list(batch_sizes),
         "modes": modes, "prefix_caching": list(prefix_caching),
-        "prompts": [{"request_id": p.request_id, "prompt_ids": list(p.prompt_ids), "max_new_tokens": p.max_new_tokens}
-                    for p in prompts],
+        "prompts": [{"request_id": p.request_id, "prompt_ids": list(p.prompt_ids), "max_new_tokens": p.max_new_tokens,
+                     "structured_output": None if p.constraint is None
+                     else structured_output(Constraint.from_json(p.constraint))} for p in prompts],
     }
     with tempfile.TemporaryDirectory(prefix="specbatch-peer-") as work:
         request_path, result_path = Path(work) / "request.json", Path(work) / "result.json"
@@ -83,3 +86,14 @@ def request_has(config: JobConfig, mode: str) -> bool:
     """Whether the config names the model a peer mode needs (n-gram needs none)."""
     return {"none": True, "ngram": True, "draft": config.models.draft is not None,
             "eagle": config.models.eagle is not None}[mode]
+
+
+def structured_output(constraint: Constraint) -> dict:
+    """vLLM's `StructuredOutputsParams` fields for `constraint`, the grammar llguidance compiles for
+    specbatch: JSON without free whitespace and with json.dumps's separators (in the schema's
+    `x-guidance`, which overrides vLLM's defaults); a test checks the masks agree step by step."""
+    if constraint.kind in ("json_schema", "json_object"):
+        return {"json": {**json.loads(constraint.text), "x-guidance": JSON_OPTIONS}}
+    if constraint.kind == "choice":
+        return {"choice": json.loads(constraint.text)}
+    return {constraint.kind: constraint.text}  # regex, grammar (Lark)

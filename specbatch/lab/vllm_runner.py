@@ -3,7 +3,8 @@
 Reads a JSON request from `specbatch.lab.peer` (model paths, token-id prompts with their
 max_new_tokens, batch sizes, modes, automatic prefix caching on and/or off), and for each batch size,
 mode and prefix-caching setting starts one engine, times its start-up apart, runs every prompt as
-a `TokensPrompt` (greedy, at the dtype the target runs at in specbatch) and writes token ids and seconds.
+a `TokensPrompt` (greedy, at the dtype the target runs at in specbatch; under its structured output,
+with vLLM's llguidance backend, where the prompt has one) and writes token ids, finish reasons and seconds.
 A mode the engine refuses is reported with its error instead of stopping the others. This file
 imports only vLLM and the standard library: the project's venv cannot import vLLM, nor this one specbatch.
 
@@ -36,16 +37,21 @@ def speculative_config(mode: str, request: dict) -> dict | None:
 def run_mode(mode: str, batch_rows: int, request: dict, prefix_caching: bool = True) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import StructuredOutputsParams
 
+    constrained = any(p.get("structured_output") for p in request["prompts"])
     started = time.perf_counter()
-    llm = LLM(model=request["target"], tokenizer=request["target"], skip_tokenizer_init=True, dtype=request["dtype"],
-              max_num_seqs=batch_rows, max_model_len=request["max_model_len"],
+    llm = LLM(model=request["target"], tokenizer=request["target"], skip_tokenizer_init=not constrained,
+              dtype=request["dtype"], max_num_seqs=batch_rows, max_model_len=request["max_model_len"],
               kv_cache_memory_bytes=request["kv_cache_bytes"], enforce_eager=request["enforce_eager"],
-              speculative_config=speculative_config(mode, request), enable_prefix_caching=prefix_caching, seed=0)
+              speculative_config=speculative_config(mode, request), enable_prefix_caching=prefix_caching, seed=0,
+              structured_outputs_config={"backend": "guidance"} if constrained else None)
     startup_s = time.perf_counter() - started
     prompts = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in request["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=p["max_new_tokens"], stop_token_ids=request["eos"],
-                             detokenize=False) for p in request["prompts"]]
+                             detokenize=False,
+                             structured_outputs=StructuredOutputsParams(**p["structured_output"])
+                             if p.get("structured_output") else None) for p in request["prompts"]]
     llm.generate(prompts[:batch_rows], params[:batch_rows], use_tqdm=False)  # warm-up, as specbatch's bench does
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -55,7 +61,9 @@ def run_mode(mode: str, batch_rows: int, request: dict, prefix_caching: bool = T
     return {"mode": mode, "batch_rows": batch_rows, "prefix_caching": prefix_caching, "startup_s": startup_s,
             "wall_s": wall_s,
             "outputs": {p["request_id"]: list(o.outputs[0].token_ids)
-                        for p, o in zip(request["prompts"], outputs, strict=True)}}
+                        for p, o in zip(request["prompts"], outputs, strict=True)},
+            "finish_reasons": {p["request_id"]: o.outputs[0].finish_reason
+                               for p, o in zip(request["prompts"], outputs, strict=True)}}
 
 
 def main(request_path: str, result_path: str) -> None:
