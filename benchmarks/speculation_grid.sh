@@ -6,6 +6,7 @@
 # pass times measured at start (cached in $SPECBATCH_CACHE_DIR: the first cell of a model and dtype
 # pays the few seconds, inside the row's warm-up). Run it alone on a quiet machine:
 #   benchmarks/speculation_grid.sh [bundled|smollm2|all] [EAGLE_HEAD_DIR for SmolLM2]
+# BATCHES="1 8 32" runs those batch sizes only (SmolLM2's batch-128 cells, 256 prompts each, take an hour).
 # Tables go to benchmarks/results/issue43/*.txt and .json; the summary, with the issue's goals checked,
 # to benchmarks/results/issue43/summary.txt (benchmarks/speculation_grid_summary.py).
 set -euo pipefail
@@ -29,7 +30,7 @@ cell() {  # cell TARGET_NAME DTYPE BATCH WORKLOAD DRAFTERS [--set ...]
 
 if [[ $which == bundled || $which == all ]]; then
     for dtype in float32 bfloat16; do
-        for batch in 1 8 32 128; do
+        for batch in ${BATCHES:-1 8 32 128}; do
             for workload in heldout fewshot; do
                 cell bundled "$dtype" "$batch" "$workload" none,draft,suffix+ngram+draft
             done
@@ -42,7 +43,7 @@ if [[ $which == smollm2 || $which == all ]]; then
     mix=suffix+ngram
     if [ -f "$eagle/config.json" ]; then mix=suffix+ngram+eagle; sets+=(--set "models.eagle=$eagle"); fi
     for dtype in float32 bfloat16; do
-        for batch in 1 8 32 128; do
+        for batch in ${BATCHES:-1 8 32 128}; do
             # held-out code and chat requests, few-shot prompts, one extraction schema over many texts
             for workload in instruct fewshot json; do
                 cell smollm2 "$dtype" "$batch" "$workload" "none,suffix,$mix" "${sets[@]}"
