@@ -17,7 +17,7 @@ from pathlib import Path
 
 def rows(directory: Path) -> list[dict]:
     out = []
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted(directory.glob("*-*-*-b*.json")):  # the grid's cells: TARGET-DTYPE-WORKLOAD-bBATCH
         target, dtype, workload, batch = path.stem.rsplit("-", 3)
         for result in json.loads(path.read_text())["results"]:
             if result["name"].startswith("specbatch-") and result["name"] != "specbatch-none":

@@ -94,6 +94,16 @@ def test_graph_capture_is_timed_apart_and_charged_once_per_job():
     assert result.warmup_s == pytest.approx(30.0)
     assert result.tokens_per_s == pytest.approx(100 / 1.0)  # 100 tokens in the 1 s after capture
     assert result.tokens_per_s_job == pytest.approx(100 * 100 / (1.0 * 100 + 30.0))  # 100× the prompts, one capture
+    assert result.mask_overhead_share is None  # nothing masked
+
+
+def test_a_constrained_rows_mask_overhead_is_the_wait_its_rounds_did_not_hide():
+    recorder = MemoryRecorder()
+    recorder.add_round(_round(round_ms=80.0, mask_ms=30.0, mask_wait_ms=4.0))  # masks filled beside the pass
+    recorder.add_round(_round(round_ms=20.0))
+    rows = [Row("r", [1, 2], SamplingParams(max_new_tokens=10), output=[3, 4])]
+    result = summarize_engine("specbatch-none", rows, recorder, {"r": [3, 4]}, wall_s=0.1, k=0)
+    assert result.mask_overhead_share == pytest.approx(4.0 / 100.0)
 
 
 @pytest.mark.skipif(not (BUNDLED_DIR / "target" / "config.json").exists(), reason="demo pair not built")

@@ -128,6 +128,7 @@ class BenchResult:
     same_as_specbatch: float | None = None  # a peer row: share of outputs identical to specbatch-none's
     error: str | None = None  # a peer mode that could not run, and why
     valid_share: float | None = None  # structured output: finished outputs that satisfy their constraint
+    mask_overhead_share: float | None = None  # structured output: of round time, waiting on masks (not hidden)
     graphs: str = "eager"  # a specbatch row's graph mode
     num_runs: int = 1  # runs of which this row is the median (--repeats)
     outputs: dict[str, list[int]] = field(default_factory=dict, repr=False)  # token ids per request; not written
@@ -270,6 +271,9 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
     result.warmup_s, result.alpha = warmup_s, alpha
     result.limit_speedup, result.realised_of_limit = speculation_limit(recorder.rounds)
     result.prefilled_share = work.num_prefill_tokens / max(sum(row.num_prompt_tokens for row in rows), 1)
+    if any(r.mask_ms > 0 for r in recorder.rounds):  # as sql/structured_output.sql's overhead_share
+        result.mask_overhead_share = (sum(r.mask_wait_ms for r in recorder.rounds)
+                                      / max(sum(r.round_ms for r in recorder.rounds), 1e-9))
     if job_prompts:
         scale = job_prompts / len(rows)
         result.tokens_per_s_job = result.num_tokens * scale / (result.wall_s * scale + warmup_s)
@@ -516,6 +520,7 @@ COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("
            "warmup_s": ("warm-up s", ".1f"), "tokens_per_s_job": ("job tok/s", ".1f"),
            "ratio_vs_eager": ("× eager", ".3f"), "ratio_vs_peer": ("× peer", ".3f"),
            "exact_match": ("exact", ".3f"), "valid_share": ("valid", ".3f"),
+           "mask_overhead_share": ("masks", ".3f"),
            "same_as_specbatch": ("= sb", ".3f"), "num_prompts": ("n", ""),
            "num_runs": ("runs", "")}
 
