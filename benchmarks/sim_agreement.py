@@ -1,0 +1,151 @@
+"""Issue 43: does the simulator make a real job's drafter decisions, from the same cost profile?
+
+One real job of several drafters (`drafter.kind` naming them, adaptive lookahead) on the bench's
+prompts, then the simulator on the same requests: their prompt lengths, output lengths and finishes;
+the pass profile the real scheduler planned from as the simulated scheduler's prior (both refit
+online); the cost model calibrated on the real job's rounds as the simulated clock; per domain, a
+Beta fitted to the real rows' α (method of moments); and each drafter's α over the pooled α as its
+`drafter_alpha_scale`. It prints, per drafter, the share of the drafting row-rounds it drafted in each
+job, the share the policy planned drafts for, and the share where drafts were proposed (a lookup
+finds no match for some; the simulator's lookups always do). Issue 43's goal: within 5 points.
+
+    .venv/bin/python benchmarks/sim_agreement.py --drafters suffix,ngram,draft --batch-size 8
+    .venv/bin/python benchmarks/sim_agreement.py --set models.target=smollm2-135m --workload instruct \
+        --drafters suffix,ngram --batch-size 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict
+
+import pyarrow as pa
+
+from specbatch.config import load_config
+from specbatch.core import Row, SamplingParams
+from specbatch.engine.build import hf_backend
+from specbatch.engine.cost_profile import job_cost_model
+from specbatch.lab.bench import load_models_for
+from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
+from specbatch.lab.prompts import BenchPrompt, heldout_prompts
+from specbatch.loop import MemoryRecorder, build_engine
+from specbatch.records import StepRecord
+from specbatch.sched.costmodel import CostModel
+from specbatch.sim.acceptance import DomainAcceptance
+from specbatch.sim.worker import build_sim_engine
+
+
+def drafter_shares(steps: list[StepRecord]) -> dict[str, float]:
+    """Of the decoding row-rounds, the share the policy planned drafts for (`planned k > 0`: a lookup
+    may then find no match and propose nothing), the share that proposed drafts, and of those, the
+    share each drafter proposed."""
+    proposed = Counter(step.drafter for step in steps if step.num_proposed)
+    num_proposed = sum(proposed.values())
+    return {"planned k > 0": sum(step.k > 0 for step in steps) / len(steps), "proposed": num_proposed / len(steps),
+            **{f"of proposed: {kind}": count / max(num_proposed, 1) for kind, count in sorted(proposed.items())}}
+
+
+def fitted_acceptance(steps: list[StepRecord], domains: dict[str, str], seed: int) -> DomainAcceptance:
+    """Per domain, Beta(mean, concentration) by the method of moments over the rows' own α
+    (accepted / (accepted + rejections), rows with at least 4 such samples)."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for step in steps:
+        if step.num_proposed:
+            counts[step.request_id][0] += step.num_accepted
+            counts[step.request_id][1] += int(step.num_accepted < step.num_proposed)
+    per_domain: dict[str, list[float]] = defaultdict(list)
+    for request_id, (accepted, rejections) in counts.items():
+        if accepted + rejections >= 4:
+            per_domain[domains[request_id]].append(accepted / (accepted + rejections))
+    params = {}
+    for domain, alphas in per_domain.items():
+        mean = min(max(statistics.fmean(alphas), 0.01), 0.99)
+        variance = statistics.pvariance(alphas) if len(alphas) > 1 else 0.0
+        concentration = mean * (1 - mean) / variance - 1 if variance > 0 else 100.0
+        params[domain] = (mean, min(max(concentration, 0.5), 100.0))
+    pooled = [alpha for alphas in per_domain.values() for alpha in alphas]
+    params["*"] = (statistics.fmean(pooled) if pooled else 0.5, 10.0)
+    return DomainAcceptance(params, seed=seed)
+
+
+def drafter_scales(steps: list[StepRecord]) -> dict[str, float]:
+    """Each drafter's α (censored-geometric MLE over its steps) over the pooled α."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for step in (s for s in steps if s.num_proposed):
+        for key in (step.drafter, "*"):
+            totals[key][0] += step.num_accepted
+            totals[key][1] += int(step.num_accepted < step.num_proposed)
+    alpha = {kind: accepted / max(accepted + rejections, 1) for kind, (accepted, rejections) in totals.items()}
+    return {kind: value / alpha["*"] for kind, value in alpha.items() if kind != "*" and alpha["*"] > 0}
+
+
+def real_job(config, models, prompts: list[BenchPrompt]) -> tuple[MemoryRecorder, list[Row], CostModel]:
+    """The real engine over `prompts`, as `specbatch bench` runs it; also the cost model it planned from."""
+    recorder = MemoryRecorder()
+    backend, limits = hf_backend(config, models, max(prompt.num_positions for prompt in prompts))
+    measured = job_cost_model(config, backend.target, getattr(backend.drafter, "draft", None))
+    assert measured is not None, "the config keeps a configured cost model: nothing measured to share"
+    engine = build_engine(config, backend, limits, recorder, 0, scheduler_cost=measured)
+    rows = [prompt.to_row() for prompt in prompts]
+    for row in rows:
+        engine.add(row)
+    engine.run()
+    return recorder, rows, measured
+
+
+def simulated_job(config, rows: list[Row], steps: list[StepRecord], truth: CostModel, prior: CostModel,
+                  seed: int) -> MemoryRecorder:
+    outputs = {row.request_id: (len(row.output_ids), row.finish_reason == "eos") for row in rows}
+    acceptance = fitted_acceptance(steps, {row.request_id: row.domain for row in rows}, seed)
+    recorder = MemoryRecorder()
+    engine, _ = build_sim_engine(config, truth, acceptance, outputs, recorder, scheduler_cost=prior,
+                                 drafter_alpha_scale=drafter_scales(steps))
+    for row in rows:
+        engine.add(Row(row.request_id, row.prompt_ids, SamplingParams(max_new_tokens=row.params.max_new_tokens),
+                       domain=row.domain, arrival_s=0.0))
+    engine.run()
+    return recorder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
+    parser.add_argument("--workload", default="heldout", help="heldout | " + " | ".join(INSTRUCT_WORKLOADS))
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--drafters", default="suffix,ngram,draft", help="drafter.kind: several, comma-separated")
+    parser.add_argument("--json", help="write the shares and fits here")
+    args = parser.parse_args()
+    kinds = args.drafters.replace(",", "+")
+    config = load_config(None, [*args.overrides, f"drafter.kind={kinds}", "scheduler.lookahead=adaptive",
+                                f"scheduler.max_batch_rows={args.batch_size}"])
+    models = load_models_for(config, args.drafters.split(","))
+    if args.workload == "heldout":
+        prompts = heldout_prompts(models.tokenizer, args.prompts, args.max_new_tokens, seed=config.seed)
+    else:
+        prompts = instruct_workload_prompts(args.workload, models.tokenizer, args.prompts, args.max_new_tokens,
+                                            seed=config.seed)
+    recorder, rows, prior = real_job(config, models, prompts)
+    rounds = pa.Table.from_pylist([asdict(r) for r in recorder.rounds])
+    truth = CostModel.fit(rounds, source="the real job's rounds")
+    simulated = simulated_job(config, rows, recorder.steps, truth, prior, config.seed)
+    real, sim = drafter_shares(recorder.steps), drafter_shares(simulated.steps)
+    print(f"{'row-rounds':<24} {'real':>8} {'simulated':>10} {'points':>8}")
+    for kind in sorted(set(real) | set(sim)):
+        gap = 100 * (sim.get(kind, 0.0) - real.get(kind, 0.0))
+        print(f"{kind:<24} {real.get(kind, 0.0):>8.3f} {sim.get(kind, 0.0):>10.3f} {gap:>+8.1f}")
+    worst = max(abs(sim.get(k, 0.0) - real.get(k, 0.0)) for k in set(real) | set(sim))
+    print(f"largest gap {100 * worst:.1f} points (goal: <= 5); drafter α scales {drafter_scales(recorder.steps)}")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"args": vars(args), "real": real, "simulated": sim, "largest_gap": worst,
+                       "scales": drafter_scales(recorder.steps), "truth": asdict(truth), "prior": asdict(prior),
+                       "real_rounds": len(recorder.rounds), "simulated_rounds": len(simulated.rounds)}, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
