@@ -59,6 +59,25 @@ def test_greedy_exact_with_shared_prefixes_reused(tiny_pair, references, drafter
         assert reused > prompt_tokens / 2
 
 
+def test_rows_that_share_a_prefix_share_its_draft_kv_too(tiny_pair, references):
+    """A row that catches up on blocks another row computed meanwhile (held back while a batch
+    admitted at once computes the prefix once) takes the draft model's KV of them where the donor
+    computed it, instead of prefilling the draft model on the whole prompt again; that KV is the
+    donor's, so every row's drafts, and what the target accepts of them, are those of reuse off."""
+    requests, refs = references
+    settings = ["drafter.kind=draft", "scheduler.lookahead=fixed:3", "scheduler.max_batch_rows=8",
+                "scheduler.prefill_chunk=fixed:13"]
+    shared_rows, shared_recorder, _ = run_engine(tiny_config(tiny_pair, *settings), requests)
+    alone_rows, alone_recorder, _ = run_engine(tiny_config(tiny_pair, *settings, "cache.prefix=false"), requests)
+    assert_exact(shared_rows, refs)
+    assert {r: row.accept_history for r, row in shared_rows.items()} == \
+        {r: row.accept_history for r, row in alone_rows.items()}
+    draft_rows = [sum(record.num_draft_rows for record in recorder.rounds)
+                  for recorder in (shared_recorder, alone_recorder)]
+    reused = sum(row.num_reused_tokens for row in shared_rows.values())
+    assert draft_rows[0] == draft_rows[1] - reused  # every position reused for the target is for the draft
+
+
 def test_eagle_rows_share_no_blocks_and_stay_exact(tiny_pair, tiny_eagle, references):
     """An EAGLE head's cache at a position was fed the target's hidden state there, which a row
     sharing the block never computed: with EAGLE every row computes its own prefix."""

@@ -229,8 +229,12 @@ class Scheduler:
                 continue
             gained = self.kv.extend_shared(row)
             if gained:
+                draft_current = row.num_draft_computed == row.num_computed
                 row.num_computed += gained
                 row.num_reused_tokens += gained
+                if draft_current:  # the draft KV comes with the blocks where their donor computed it
+                    row.num_draft_computed = max(row.num_draft_computed,
+                                                 min(self.kv.num_draft_shared(row.request_id), row.num_computed))
             key = self.kv.next_key(row) if not row.is_decoding else None
             if key is None:
                 continue
