@@ -188,7 +188,8 @@ def test_the_peer_masks_each_constraint_as_specbatch_does(fields):
     texts = ['{"k": "yes", "n": 12, "tags": ["a", "b"]}', '{"k":"no","n":1,"tags":[]}', '{ "k": "no"}',
              "beta", "be", "12-abc", "print(42)", "print( 4)"]
     for text in texts:
-        ours.reset(), peers.reset()
+        ours.reset()
+        peers.reset()
         for token in hf_tokenizer.encode(text):
             assert ours.compute_bitmask() == peers.compute_bitmask()
             if not ours.consume_token(token):
@@ -203,7 +204,7 @@ def test_a_peer_rows_valid_share_counts_the_outputs_it_finished():
 
     tokenizer = make_tokenizer()
     choice = json.dumps({"kind": "choice", "text": json.dumps(["code", "prose"])})
-    prompts = [BenchPrompt(name, "prose", [1, 2], 4, choice) for name in ("a", "b", "c")]
+    prompts = [BenchPrompt(name, "prose", (1, 2), 4, choice) for name in ("a", "b", "c")]
     outputs = {"a": tokenizer.encode("code"), "b": tokenizer.encode("poem"), "c": tokenizer.encode("pro")}
     peer = {"results": [{"mode": "none", "batch_rows": 8, "outputs": outputs,
                          "finish_reasons": {"a": "stop", "b": "stop", "c": "length"}}]}
