@@ -128,6 +128,13 @@ class Row:
         return self.num_computed >= len(self.token_ids) - 1
 
     @property
+    def draft_is_current(self) -> bool:
+        """Its draft cache reaches as far as its target cache, so a prefill can fill both alongside. A
+        row whose shared blocks came without draft KV, or that prefilled while nothing drafted, lags
+        instead: it catches up only if it drafts with the model, a choice the policies price by its lag."""
+        return self.num_draft_computed >= self.num_computed
+
+    @property
     def num_new_tokens_left(self) -> int:
         return self.params.max_new_tokens - len(self.token_ids) + self.num_prompt_tokens
 
@@ -149,8 +156,9 @@ class RoundPlan:
     prefill: list[tuple[Row, int]] = field(default_factory=list)  # (row, chunk tokens)
     decode: list[tuple[Row, int]] = field(default_factory=list)  # (row, lookahead k)
     plan_ms: float = 0.0  # the scheduler's own time for this plan (policies included)
-    # fill the draft cache alongside the prefill chunks; off while no row drafts, so a drafter that does
-    # not pay costs no prefill (a row that drafts later catches up: its lag, which policies count)
+    # fill the draft cache alongside the prefill chunks of the rows whose draft cache is current
+    # (`Row.draft_is_current`); off while no row drafts, so a drafter that does not pay costs no prefill
+    # (a row that drafts later catches up: its lag, which policies count)
     draft_prefill: bool = True
     # a decode row (k = 0) for which the draft model drafts one token that is not verified: it times a
     # draft pass while nothing drafts (the round-time model must learn what drafting costs) without
@@ -180,9 +188,10 @@ class RoundPlan:
     def draft_start(row: Row, start: int, alongside: bool) -> int:
         """Where a decode row's draft cache ends before this round's drafting (its tokens from there are
         fed to the drafter): at `start` (`computed_after_prefill`) for a row prefilled this round whose
-        draft cache the prefill filled `alongside`, else where the row's draft cache ended. The one
-        rule both backends read."""
-        return start if alongside and row.num_computed < start else row.num_draft_computed
+        draft cache the prefill filled `alongside` (it was current), else where the row's draft cache
+        ended. The one rule both backends and the commit step read."""
+        filled = alongside and row.num_computed < start and row.draft_is_current
+        return start if filled else row.num_draft_computed
 
     def computed_after_prefill(self, row: Row) -> int:
         """Target KV positions `row` holds once this round's prefill pass ran: where its verify

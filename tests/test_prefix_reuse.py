@@ -6,11 +6,13 @@ and it computes the shared part once."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import pytest
 from engine_helpers import assert_exact, greedy_reference, run_engine, tiny_config
 
 from specbatch.engine.build import load_models
+from specbatch.sched.roundcost import draft_lag
 
 NUM_PROMPTS = 24
 
@@ -76,6 +78,54 @@ def test_rows_that_share_a_prefix_share_its_draft_kv_too(tiny_pair, references):
                   for recorder in (shared_recorder, alone_recorder)]
     reused = sum(row.num_reused_tokens for row in shared_rows.values())
     assert draft_rows[0] == draft_rows[1] - reused  # every position reused for the target is for the draft
+
+
+@dataclass
+class PlainThenDraft:
+    """Test policy: plain decoding, its prefills filling no draft cache, for the first `num_plain`
+    choices; then k = 3 for each row whose draft cache is current and 0 for one that lags (as a policy
+    pricing its catch-up too dear would)."""
+
+    num_plain: int = 3
+    num_chosen: int = 0
+    name: str = "plain-then-draft"
+
+    def choose(self, rows, caps):
+        self.num_chosen += 1
+        if self.num_chosen <= self.num_plain:
+            return [0 for _ in rows]
+        return [min(3, cap) if draft_lag(row) <= 1 else 0 for row, cap in zip(rows, caps, strict=True)]
+
+    def drafts_when_current(self, rows, caps):
+        return self.num_chosen > self.num_plain
+
+
+def test_a_prefill_fills_only_current_draft_caches(tiny_pair, references):
+    """Rows whose draft cache lags (prefilled while nothing drafted, or onto shared blocks whose donor
+    computed no draft KV) are not caught up by a prefill that fills the draft cache: that would
+    recompute a shared prefix in the draft model once per row. A row catches up only by drafting, the
+    policy's priced choice. Every round's draft prefill covers exactly the current rows' chunks."""
+    requests, refs = references
+    checked = {"lagging": 0}
+
+    def check_draft_prefill(engine) -> None:
+        engine.scheduler.draft.cost_fit = None  # no probe: it would catch its row up
+        execute = engine.backend.execute
+
+        def checked_execute(plan):
+            current = sum(size for row, size in plan.prefill if row.num_draft_computed >= row.num_computed)
+            outcome = execute(plan)
+            if plan.draft_prefill:
+                assert outcome.num_draft_prefill_positions == current
+                checked["lagging"] += sum(row.num_draft_computed < row.num_computed for row, _ in plan.prefill)
+            return outcome
+        engine.backend.execute = checked_execute
+
+    settings = ["drafter.kind=draft", "scheduler.max_batch_rows=8", "scheduler.prefill_chunk=fixed:13"]
+    rows, _, _ = run_engine(tiny_config(tiny_pair, *settings), requests, lookahead=PlainThenDraft(),
+                            prepare=check_draft_prefill)
+    assert_exact(rows, refs)
+    assert checked["lagging"] > 0, "no lagging row was prefilled while the draft cache was filled"
 
 
 def test_eagle_rows_share_no_blocks_and_stay_exact(tiny_pair, tiny_eagle, references):

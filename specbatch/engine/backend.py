@@ -170,8 +170,10 @@ class HFBackend:
         return shape
 
     def _draft_prefill(self, work: list[tuple[Row, int]]) -> int:
-        """Catch the draft cache up to the same end as the target's; returns the draft rows computed."""
-        if not self.drafter.uses_model:
+        """Fill the draft cache alongside the target's, to the same end, for the rows whose draft cache
+        is current (`Row.draft_is_current`); returns the draft rows computed."""
+        work = [(row, size) for row, size in work if row.draft_is_current]
+        if not self.drafter.uses_model or not work:
             return 0
         rows = [row for row, _ in work]
         shape = self.drafter.prefill(rows, self.caches(rows), [row.num_draft_computed for row, _ in work],

@@ -32,7 +32,7 @@ def commit_round(scheduler: Scheduler, stops: StopChecker, plan: RoundPlan, outc
     draft_follows_prefill = outcome.num_draft_prefill_positions > 0  # a draft model fills its cache alongside
     for row, size in plan.prefill:
         end = row.num_computed + size
-        if draft_follows_prefill:
+        if draft_follows_prefill and row.draft_is_current:
             row.num_draft_positions += end - row.num_draft_computed
             row.num_draft_computed = end
         row.num_computed = end

@@ -86,8 +86,8 @@ class DecodeShape:
 
 def draft_lag(row: Row) -> int:
     """Tokens the draft cache must catch up on before drafting (the pending token at least). A row
-    still prefilling verifies only once its prefill completes, which brings the draft cache along."""
-    if not row.is_decoding:
+    still prefilling verifies only once its prefill completes, which brings a current draft cache along."""
+    if not row.is_decoding and row.draft_is_current:
         return 1
     return max(1, row.num_tokens - row.num_draft_computed)
 

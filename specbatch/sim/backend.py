@@ -129,10 +129,10 @@ class SimBackend:
                                 sum(row.num_computed + size for row, size in work))
 
     def _draft_prefill_positions(self, work: list[tuple[Row, int]], draft_prefill: bool) -> int:
-        """The drafter's cache is filled alongside, up to the same end."""
+        """The drafter's cache is filled alongside, up to the same end, where it is current."""
         if not self.uses_draft_model or not draft_prefill:
             return 0
-        return sum(row.num_computed + size - row.num_draft_computed for row, size in work)
+        return sum(row.num_computed + size - row.num_draft_computed for row, size in work if row.draft_is_current)
 
     def _draft(self, decode: list[tuple[Row, int]], starts: list[int], alongside: bool) -> Proposals:
         """Counts of the passes `DraftModelDrafter.propose` runs: pass 0 feeds each speculating
