@@ -66,6 +66,21 @@ def test_a_row_whose_prompt_is_not_indexed_pays_for_indexing_it():
     assert AdaptiveLookahead(suffix_context(DEAR_INDEXING)).choose([current], [4]) == [4]
 
 
+def test_indexing_prompts_for_a_drafter_the_job_has_not_measured_is_priced_on_the_prior_not_its_bound():
+    """Indexing a prompt is paid before the first verify tells whether suffix drafts match here. At α's
+    upper bound, spread over the rows' lives, all 8 rows would index their 580-token prompts at once;
+    at the prior's estimate, over the switch horizon, none does but the one trial row (which here does
+    not pay alone). Once the job has measured suffix drafting in the domain, every row indexes."""
+    rows = [make_row(f"r{i}", 580 - i, 100, num_output=10) for i in range(8)]
+    as_trials = AdaptiveLookahead(suffix_context(CPU_DEMO_PROFILE), min_job_samples=0)
+    assert min(as_trials.choose(rows, [4] * 8)) > 0
+    ctx = suffix_context(CPU_DEMO_PROFILE)
+    assert sum(k > 0 for k in AdaptiveLookahead(ctx).choose(rows, [4] * 8)) <= 1
+    ctx.alphas.stats.observe("", 12, 11)  # the job measured suffix drafts: 11 accepted, 1 rejected
+    assert ctx.alphas.job_samples(rows[0]) >= AdaptiveLookahead(ctx).min_job_samples
+    assert min(AdaptiveLookahead(ctx).choose(rows, [4] * 8)) > 0
+
+
 def test_an_n_gram_row_has_no_index_to_pay_for():
     config = load_config(None, ["drafter.kind=ngram", "scheduler.lookahead=adaptive", "scheduler.max_lookahead=4"])
     row = indexed_rows(1, 400)[0]

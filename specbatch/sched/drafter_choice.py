@@ -83,6 +83,9 @@ class DrafterAlphas(AlphaTracker):
     def num_samples(self, row: Row) -> int:
         return self._own.get((row.request_id, self.kind(row)), _Counts()).num_samples
 
+    def job_samples(self, row: Row) -> int:
+        return self._job.get((row.domain, self.kind(row)), _Counts()).num_samples
+
     def optimistic_alpha(self, row: Row, z: float, prior_weight: float = 8.0) -> float:
         return self.optimistic_alpha_of(row, self.kind(row), z)
 

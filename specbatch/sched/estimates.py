@@ -120,6 +120,10 @@ class AlphaTracker:
         num = self.num_samples(row) + self.stats.num_samples(row.domain)
         return min(1.0, alpha + z * math.sqrt(alpha * (1 - alpha) / (num + prior_weight)))
 
+    def job_samples(self, row: Row) -> int:
+        """The job's evidence on the row's drafter in its domain (accepted drafts + rejections)."""
+        return self.stats.num_samples(row.domain)
+
     def forget(self, row: Row) -> None:
         self._rows.pop(row.request_id, None)
 
