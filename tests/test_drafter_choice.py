@@ -146,11 +146,14 @@ def test_a_losing_comparison_costs_at_most_its_share_of_the_engine_time():
         assert bounded <= 0.025 < unbounded  # 2 %, and the round that crossed it
 
 
-def test_simulate_takes_each_drafters_acceptance_scale():
-    from specbatch.cli.lab import _alpha_scales
+def test_simulate_takes_each_drafters_acceptance_scale_and_lookup_match_share():
+    from specbatch.cli.lab import _kind_values
 
-    assert _alpha_scales("suffix=1, ngram=0.5") == (("suffix", 1.0), ("ngram", 0.5))
-    assert _alpha_scales("") == ()
+    assert _kind_values("suffix=1, ngram=0.5", "--drafter-alpha", "SCALE") == (("suffix", 1.0), ("ngram", 0.5))
+    assert _kind_values("", "--drafter-alpha", "SCALE") == ()
+    assert _kind_values("suffix=2", "--drafter-alpha", "SCALE") == (("suffix", 2.0),)
     for bad in ("suffix", "ngram=x", "=1", "draft=-1"):
         with pytest.raises(ValueError, match="--drafter-alpha"):
-            _alpha_scales(bad)
+            _kind_values(bad, "--drafter-alpha", "SCALE")
+    with pytest.raises(ValueError, match="--lookup-match"):
+        _kind_values("suffix=1.5", "--lookup-match", "SHARE", upper=1.0)

@@ -138,3 +138,31 @@ def test_timing_noise_scales_whole_rounds_by_a_seeded_mean_one_factor():
         assert n.verify_ms == pytest.approx(q.verify_ms * factor) and n.draft_ms == pytest.approx(q.draft_ms * factor)
     assert len(set(factors)) == len(factors) > 100
     assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_lookup_that_finds_no_match_proposes_nothing_and_verifies_its_pending_token_alone():
+    """With n-gram lookups matching 40% of the time, about 40% of the row-rounds planned with k > 0
+    propose drafts (each k), the rest none, and every verify window is 1 + what was proposed; at
+    share 1, as without one, every planned row proposes."""
+    config = load_config(None, ["capacity.max_context=256", "drafter.kind=ngram", "scheduler.lookahead=fixed:3",
+                                "scheduler.max_batch_rows=8"])
+
+    def run(match: dict[str, float]):
+        rows = [Row(f"n{i}", [1] * 6, SamplingParams(max_new_tokens=60)) for i in range(16)]
+        recorder = MemoryRecorder()
+        engine, _ = build_sim_engine(config, COST, DomainAcceptance({"*": (1.0, 1.0)}),
+                                     {r.request_id: (60, False) for r in rows}, recorder, lookup_match_rate=match)
+        for row in rows:
+            engine.add(row)
+        engine.run()
+        return recorder
+
+    for record in run({}).rounds:
+        assert record.num_proposed == 3 * record.num_speculating_rows
+    recorder = run({"ngram": 0.4})
+    planned = [step for step in recorder.steps if step.k > 0]
+    matched = [step for step in planned if step.num_proposed]
+    assert all(step.num_proposed == step.k for step in matched)
+    assert 0.3 < len(matched) / len(planned) < 0.5
+    for record in recorder.rounds:  # a verify row per decode row, plus its proposals
+        assert record.num_target_rows - record.num_prefill_tokens == record.num_decode_rows + record.num_proposed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -132,6 +133,8 @@ def simulate(
                                                "blocks of TOKENS tokens (cache.prefix copies them); 0: none")] = "0",
     drafter_alpha: Annotated[str, typer.Option(help="KIND=SCALE,...: with several drafters (drafter.kind), a "
                                                "row's α under KIND is its α times SCALE (default 1)")] = "",
+    lookup_match: Annotated[str, typer.Option(help="KIND=SHARE,...: the share of a lookup drafter's (ngram, "
+                                              "suffix) lookups that find a match (default 1)")] = "",
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
 ) -> None:
     """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
@@ -145,7 +148,9 @@ def simulate(
         if not tokens.isdigit() or not (num_prefixes or "1").isdigit():
             raise ValueError(f"--shared-prefix takes TOKENS[:PREFIXES] in whole numbers, not {shared_prefix!r}")
         options = SimOptions(timing_noise=timing_noise, shared_prefix_tokens=int(tokens),
-                             num_prefixes=int(num_prefixes or 1), drafter_alpha_scale=_alpha_scales(drafter_alpha))
+                             num_prefixes=int(num_prefixes or 1),
+                             drafter_alpha_scale=_kind_values(drafter_alpha, "--drafter-alpha", "SCALE"),
+                             lookup_match_rate=_kind_values(lookup_match, "--lookup-match", "SHARE", upper=1.0))
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
                                   output, seed=seed, acceptance=acceptance, cost_model=cost_model,
                                   options=options, console=console)
@@ -154,19 +159,20 @@ def simulate(
     console.print(f"comparison: {study.comparison_md}")
 
 
-def _alpha_scales(listed: str) -> tuple[tuple[str, float], ...]:
-    """`suffix=1,ngram=0.5` → (("suffix", 1.0), ("ngram", 0.5))."""
-    scales = []
+def _kind_values(listed: str, option: str, name: str, upper: float = math.inf) -> tuple[tuple[str, float], ...]:
+    """`suffix=1,ngram=0.5` → (("suffix", 1.0), ("ngram", 0.5)), each value in [0, upper]."""
+    values = []
     for item in _names(listed):
-        kind, _, value = item.partition("=")
+        kind, _, text = item.partition("=")
         try:
-            scale = float(value)
+            value = float(text)
         except ValueError:
-            scale = -1.0
-        if not kind.strip() or scale < 0:
-            raise ValueError(f"--drafter-alpha takes KIND=SCALE (SCALE >= 0) separated by commas, not {item!r}")
-        scales.append((kind.strip(), scale))
-    return tuple(scales)
+            value = -1.0
+        if not kind.strip() or not 0 <= value <= upper:
+            bound = "" if upper == math.inf else f" <= {upper:g}"
+            raise ValueError(f"{option} takes KIND={name} (0 <= {name}{bound}) separated by commas, not {item!r}")
+        values.append((kind.strip(), value))
+    return tuple(values)
 
 
 @commands.command("queue-lab")

@@ -14,10 +14,11 @@ It returns the same `RoundOutcome` as `HFBackend` and, like it, never writes a r
 Draft work follows `DraftModelDrafter` exactly: one catch-up pass over each speculating row's
 unfed tokens (1 after a rejection, 2 after a fully accepted block), then one pass per further
 draft; the commit step rolls the draft cache back to the accepted prefix. n-gram and suffix drafting
-always offer k drafts (the acceptance model covers lookup misses) and cost the cost model's lookup
-host time: per row drafted for, and per token a suffix row's own index takes (its tokens but the
-pending one, from where the row's index reached: its whole prompt the first time), as
-`SuffixDrafter` reports them.
+cost the cost model's lookup host time: per row drafted for, and per token a suffix row's own index
+takes (its tokens but the pending one, from where the row's index reached: its whole prompt the
+first time), as `SuffixDrafter` reports them. A lookup finds a match with its drafter's
+`lookup_match_rate` (drawn per row and round): then it offers k drafts, else none, and the row
+verifies its pending token alone, as a real lookup that matches nothing does.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ class SimBackend:
         timing_noise: float = 0.0,
         worker_id: int = 0,
         drafter_alpha_scale: Mapping[str, float] | None = None,
+        lookup_match_rate: Mapping[str, float] | None = None,
     ) -> None:
         """`outputs[request_id]` = (output tokens the request generates, whether the last is EOS);
         `max_kv_len` is a slot's length (context + max lookahead + 1), the KV-length ceiling;
         `timing_noise` the σ of the log of each round's speed factor (0: every round as priced).
         `drafter_kind` may name several drafters (`a,b`: each row drafts with `Row.drafter`); a row's
-        α under drafter d is its α times `drafter_alpha_scale[d]` (1 if absent; `DomainAcceptance`)."""
+        α under drafter d is its α times `drafter_alpha_scale[d]` (1 if absent; `DomainAcceptance`), and a
+        lookup by drafter d finds a match with probability `lookup_match_rate[d]` (1 if absent)."""
         self.kinds = tuple(drafter_kind.split(","))
         if not all(kind in ("draft", "eagle", "ngram", "suffix", "none") for kind in self.kinds):
             raise ValueError(f"unknown drafter kind {drafter_kind!r}")
@@ -78,6 +81,9 @@ class SimBackend:
                             for kind, scale in (drafter_alpha_scale or {}).items()}
         self.cost, self.acceptance, self.clock, self.buckets = cost, acceptance, clock, buckets
         self.max_kv_len, self.outputs, self.seed = max_kv_len, outputs, seed
+        self.match_rates = {kind: rate for kind, rate in (lookup_match_rate or {}).items()
+                            if kind in self.lookup_kinds and rate < 1.0}
+        self.match_rngs: dict[str, random.Random] = {}  # apart from the acceptance draws
         self.timing_noise = timing_noise  # checked where a user sets it (SimOptions)
         self._speed = random.Random(f"specbatch.sim.speed:{seed}:{worker_id}")
         self.uses_draft_model = bool(self.model_kinds)
@@ -90,6 +96,8 @@ class SimBackend:
     def admit(self, row: Row) -> None:
         if row.request_id not in self.rngs:  # one stream per request: policies see the same draws
             self.rngs[row.request_id] = random.Random(f"specbatch.sim.accept:{self.seed}:{row.request_id}")
+            if self.match_rates:
+                self.match_rngs[row.request_id] = random.Random(f"specbatch.sim.match:{self.seed}:{row.request_id}")
         if self._log_alphas is not None:
             assert isinstance(self.acceptance, DomainAcceptance)
             alpha = self.acceptance.alpha(row.request_id, row.domain)
@@ -102,6 +110,7 @@ class SimBackend:
     def release(self, row: Row, finished: bool) -> None:
         if finished:
             self.rngs.pop(row.request_id, None)
+            self.match_rngs.pop(row.request_id, None)
             self.acceptance.release(row.request_id)
             if self._log_alphas is not None:
                 self._log_alphas.pop(row.request_id, None)
@@ -176,16 +185,19 @@ class SimBackend:
         # the hot loop of a simulation (one iteration per row per round): properties inlined
         num_accepted_of, rngs, outputs = self.acceptance.num_accepted, self.rngs, self.outputs
         log_alphas, drafts, log, num_fed = self._log_alphas, self._drafts, math.log, proposals.num_fed
-        indexed_to = proposals.indexed_to
+        indexed_to, match_rates = proposals.indexed_to, self.match_rates
         outcomes = []
         max_end = num_positions = max_len = 0
-        for index, (row, k) in enumerate(decode):
+        for index, (row, planned_k) in enumerate(decode):
+            request_id, position = row.request_id, len(row.token_ids) - row.num_prompt_tokens
+            k = planned_k
+            if k and match_rates and self.match_rngs[request_id].random() >= match_rates.get(self._kind(row), 1.0):
+                k = 0  # the lookup found no match: nothing to verify but the pending token
             if starts[index] + 1 + k > max_end:
                 max_end = starts[index] + 1 + k
             if k >= max_len:
                 max_len = 1 + k
             num_positions += 1 + k
-            request_id, position = row.request_id, len(row.token_ids) - row.num_prompt_tokens
             if log_alphas is None:
                 num_accepted = num_accepted_of(request_id, row.domain, position, k, rngs[request_id])
             else:  # accepted_prefix: X = min(k, floor(ln U / ln α)), U in (0, 1]
@@ -199,7 +211,7 @@ class SimBackend:
             if ends_with_eos and 0 <= eos_at <= num_accepted:
                 emitted[eos_at] = SIM_EOS_TOKEN_ID
             proposed = drafts.get(k) or drafts.setdefault(k, [SIM_TOKEN_ID] * k)  # shared, never mutated
-            outcomes.append(RowOutcome(row, k, proposed, num_accepted, emitted, num_fed[index],
+            outcomes.append(RowOutcome(row, planned_k, proposed, num_accepted, emitted, num_fed[index],
                                        num_indexed=indexed_to[index] if indexed_to else 0))
         return outcomes, self._pass_shape(len(decode), max_end, max_len, num_positions,
                                           sum(starts) + num_positions)

@@ -81,6 +81,8 @@ class SimOptions:
     num_prefixes: int = 1
     # a job of several drafters (drafter.kind): a row's α under drafter d is its α times this (1 if absent)
     drafter_alpha_scale: tuple[tuple[str, float], ...] = ()
+    # the share of a lookup drafter's lookups (n-gram, suffix) that find a match (1 if absent)
+    lookup_match_rate: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.step_sample_every < 0 or self.records_per_part < 1:
@@ -91,6 +93,8 @@ class SimOptions:
             raise ValueError("need shared_prefix_tokens >= 0 and num_prefixes >= 1")
         if self.timing_noise < 0:
             raise ValueError(f"timing_noise must be >= 0, got {self.timing_noise}")
+        if not all(0.0 <= rate <= 1.0 for _, rate in self.lookup_match_rate):
+            raise ValueError(f"a lookup match rate is a share in [0, 1], got {self.lookup_match_rate}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
         if self.max_waiting_per_worker is not None and self.max_waiting_per_worker < 1:
@@ -139,7 +143,7 @@ def simulate(
     sampled = None if options.step_sample_every == 1 else state.sampled
     state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model,
                                 options.timing_noise, options.shared_prefix_tokens > 0,
-                                dict(options.drafter_alpha_scale))
+                                dict(options.drafter_alpha_scale), dict(options.lookup_match_rate))
                      for w in range(options.workers)]
     state.in_busy = [False] * options.workers
     collector = SummaryCollector(len(requests), math.ceil(options.warmup_fraction * len(requests)))
