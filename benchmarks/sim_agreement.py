@@ -27,12 +27,10 @@ import pyarrow as pa
 
 from specbatch.config import load_config
 from specbatch.core import Row, SamplingParams
-from specbatch.engine.build import hf_backend
-from specbatch.engine.cost_profile import job_cost_model
-from specbatch.lab.bench import load_models_for
+from specbatch.lab.bench import load_models_for, run_engine
 from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
 from specbatch.lab.prompts import BenchPrompt, heldout_prompts
-from specbatch.loop import MemoryRecorder, build_engine
+from specbatch.loop import MemoryRecorder
 from specbatch.records import StepRecord
 from specbatch.sched.costmodel import CostModel
 from specbatch.sim.acceptance import DomainAcceptance
@@ -95,16 +93,9 @@ def match_rates(steps: list[StepRecord]) -> dict[str, float]:
 
 def real_job(config, models, prompts: list[BenchPrompt]) -> tuple[MemoryRecorder, list[Row], CostModel]:
     """The real engine over `prompts`, as `specbatch bench` runs it; also the cost model it planned from."""
-    recorder = MemoryRecorder()
-    backend, limits = hf_backend(config, models, max(prompt.num_positions for prompt in prompts))
-    measured = job_cost_model(config, backend.target, getattr(backend.drafter, "draft", None))
-    assert measured is not None, "the config keeps a configured cost model: nothing measured to share"
-    engine = build_engine(config, backend, limits, recorder, 0, scheduler_cost=measured)
-    rows = [prompt.to_row() for prompt in prompts]
-    for row in rows:
-        engine.add(row)
-    engine.run()
-    return recorder, rows, measured
+    run = run_engine(config, models, prompts)
+    assert run.planned_from.source.startswith("measured"), "the config keeps a configured cost model"
+    return run.recorder, run.rows, run.planned_from
 
 
 def simulated_job(config, rows: list[Row], steps: list[StepRecord], truth: CostModel, prior: CostModel,

@@ -199,15 +199,13 @@ def test_the_peer_masks_each_constraint_as_specbatch_does(fields):
 
 
 def test_a_peer_rows_valid_share_counts_the_outputs_it_finished():
-    from specbatch.lab.bench import _peer_valid_shares
+    from specbatch.lab.bench import _peer_valid_share
     from specbatch.lab.prompts import BenchPrompt
 
     tokenizer = make_tokenizer()
     choice = json.dumps({"kind": "choice", "text": json.dumps(["code", "prose"])})
     prompts = [BenchPrompt(name, "prose", (1, 2), 4, choice) for name in ("a", "b", "c")]
     outputs = {"a": tokenizer.encode("code"), "b": tokenizer.encode("poem"), "c": tokenizer.encode("pro")}
-    peer = {"results": [{"mode": "none", "batch_rows": 8, "outputs": outputs,
-                         "finish_reasons": {"a": "stop", "b": "stop", "c": "length"}}]}
-    rows = [BenchResult(name="vllm-none", tokens_per_s=1.0, exact_match=1.0, num_prompts=3, num_tokens=3, wall_s=1.0)]
-    _peer_valid_shares(rows, peer, prompts, tokenizer)
-    assert rows[0].valid_share == 0.5  # "pro" ran out of tokens: not judged
+    run = {"mode": "none", "batch_rows": 8, "outputs": outputs,
+           "finish_reasons": {"a": "stop", "b": "stop", "c": "length"}}
+    assert _peer_valid_share(run, prompts, tokenizer) == 0.5  # "pro" ran out of tokens: not judged

@@ -35,7 +35,7 @@ def test_smollm2_structured_output_is_the_masked_target(smollm2, drafter, batch)
     models, prompts, refs = smollm2
     config = load_config(None, [*SETTINGS, f"drafter.kind={drafter}", f"scheduler.max_batch_rows={batch}",
                                 "scheduler.lookahead=fixed:4"])
-    rows, recorder, _, _ = run_engine(config, models, prompts)
+    rows, recorder, *_ = run_engine(config, models, prompts)
     assert {row.request_id: row.output_ids for row in rows} == refs
     assert valid_share(prompts, rows, models.tokenizer) == 1.0
     labels = [models.tokenizer.decode(row.output_ids, skip_special_tokens=True) for row in rows

@@ -13,8 +13,8 @@ from specbatch.core import Row, SamplingParams
 from specbatch.loop import MemoryRecorder
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.draft_control import DraftGate
-from specbatch.sched.drafter_choice import DrafterAlphas, choose_drafters
-from specbatch.sched.estimates import AcceptanceStats
+from specbatch.sched.drafter_choice import DrafterAlphas, _gain, choose_drafters
+from specbatch.sched.estimates import AcceptanceStats, expected_tokens
 from specbatch.sched.roundcost import RoundCostModel
 from specbatch.sim.acceptance import DomainAcceptance
 from specbatch.sim.worker import build_sim_engine
@@ -157,3 +157,12 @@ def test_simulate_takes_each_drafters_acceptance_scale_and_lookup_match_share():
             _kind_values(bad, "--drafter-alpha", "SCALE")
     with pytest.raises(ValueError, match="--lookup-match"):
         _kind_values("suffix=1.5", "--lookup-match", "SHARE", upper=1.0)
+
+
+def test_a_drafters_gain_at_its_best_k_equals_the_search_over_every_k():
+    rng = random.Random(43)
+    cases = [(rng.choice([0.0, 1.0, rng.random()]), rng.randint(1, 8), rng.choice([0.0, rng.random() * 1.5]),
+              rng.random()) for _ in range(2000)]
+    for alpha, cap, price, fixed in cases:
+        searched = max(expected_tokens(alpha, k) - 1 - price * k - fixed for k in range(1, cap + 1))
+        assert _gain(alpha, cap, price, fixed) == pytest.approx(searched, abs=1e-12)

@@ -50,6 +50,7 @@ from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.lab.workloads import WORKLOADS, WorkloadSize, shared_prefix_prompts
 from specbatch.loop import MemoryRecorder
 from specbatch.records import RoundRecord
+from specbatch.sched.costmodel import CostModel
 
 NO_REUSE = "-noreuse"  # a row's name suffix with cache.prefix off
 
@@ -150,6 +151,7 @@ class EngineRun(NamedTuple):
     recorder: MemoryRecorder
     wall_s: float  # from the first round to the end
     startup_s: float  # building the engine: its slot caches allocated and zeroed
+    planned_from: CostModel  # the round-time model its scheduler started from (measured or configured)
 
 
 def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
@@ -165,11 +167,12 @@ def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
     engine = build_hf_engine(config, models, recorder, max_request_tokens=need)
     engine.clock = clock
     built = clock()
+    planned_from = engine.scheduler.ctx.round_cost.cost
     rows = [prompt.to_row() for prompt in prompts]
     for row in rows:
         engine.add(row)
     engine.run()
-    return EngineRun(rows, recorder, clock() - built, built - started)
+    return EngineRun(rows, recorder, clock() - built, built - started, planned_from)
 
 
 @torch.no_grad()
@@ -378,9 +381,8 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
         except (PeerError, subprocess.TimeoutExpired) as error:
             console.print(f"[red]peer failed[/]: {error}")
             return results
-        rows = _peer_rows(peer_results, refs, results, k)
-        if constrained:
-            _peer_valid_shares(rows, peer_results, prompts, models.tokenizer)
+        judge = partial(_peer_valid_share, prompts=prompts, tokenizer=models.tokenizer) if constrained else None
+        rows = _peer_rows(peer_results, refs, results, k, judge)
         results += add_mfu(rows, num_params, peak)  # run at the same dtype
         print_rows(console, "specbatch bench, with the peer", [asdict(r) for r in results], COLUMNS)
         console.print(mfu_basis(num_params, peak))
@@ -400,19 +402,18 @@ def mfu_basis(num_params: int, peak: GemmPeak) -> str:
     return f"MFU: tokens/s × 2 × {num_params / 1e6:.3g}M target parameters ÷ {peak.describe()}"
 
 
-def _peer_valid_shares(rows: list[BenchResult], peer: dict, prompts: list[BenchPrompt], tokenizer: Any) -> None:
-    """Each peer row's valid share: of the outputs vLLM finished by a stop token, those that satisfy
-    their constraint."""
-    runs = [run for run in peer["results"] if "error" not in run]
-    for row, run in zip((row for row in rows if row.error is None), runs, strict=True):
-        finished = {request_id: ids for request_id, ids in run["outputs"].items()
-                    if run["finish_reasons"][request_id] == "stop"}
-        row.valid_share = valid_share_of(prompts, finished, tokenizer)
+def _peer_valid_share(run: dict, prompts: list[BenchPrompt], tokenizer: Any) -> float:
+    """Of the outputs a peer run finished by a stop token, the share that satisfy their constraint."""
+    finished = {request_id: ids for request_id, ids in run["outputs"].items()
+                if run["finish_reasons"][request_id] == "stop"}
+    return valid_share_of(prompts, finished, tokenizer)
 
 
-def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> list[BenchResult]:
+def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int,
+               valid_share: Callable[[dict], float] | None = None) -> list[BenchResult]:
     """The peer's rows, with ratios at their batch size and agreement with specbatch-none's outputs
-    there; every row's ratio_vs_peer (to the peer's fastest)."""
+    there (and, for constrained workloads, `valid_share` of each run); every row's ratio_vs_peer
+    (to the peer's fastest)."""
     none_outputs = {r.batch_rows: r.outputs for r in results if r.name == "specbatch-none"}
     rows = []
     for run in peer["results"]:
@@ -426,6 +427,8 @@ def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int) -> li
         result = bench_result(name, run["outputs"], refs, run["wall_s"])
         result.batch_rows, result.warmup_s = batch, run["startup_s"]
         result.same_as_specbatch = exact_share(run["outputs"], none_outputs.get(batch, {}))
+        if valid_share is not None:
+            result.valid_share = valid_share(run)
         rows.append(result)
     for batch in {row.batch_rows for row in rows}:
         at_batch = [r for r in results if r.batch_rows == batch]
@@ -497,7 +500,7 @@ def _engine_row(name: str, config: JobConfig, mode: str, models: Models, prompts
         if mode != "eager":  # each row pays a cold capture, as a new job's worker does
             torch._dynamo.reset()
             use_compile_cache(Path(cache))
-        rows, recorder, wall_s, startup_s = run_engine(config, models, prompts)
+        rows, recorder, wall_s, startup_s, _ = run_engine(config, models, prompts)
     result = summarize_engine(name, rows, recorder, refs, wall_s, k, job_prompts, startup_s)
     result.graphs = mode
     result.valid_share = valid_share(prompts, rows, models.tokenizer)

@@ -52,7 +52,7 @@ def run_once(config: JobConfig, models: Models, prompts: list[BenchPrompt], name
              clock: str = "wall") -> tuple[dict, MemoryRecorder]:
     """One engine over all prompts at once; returns its metrics and its records. Every time the
     engine records (arrivals, finishes, round_ms) is read from `clock` (see CLOCKS)."""
-    rows, recorder, wall_s, _ = run_engine(config, models, prompts, CLOCKS[clock])
+    rows, recorder, wall_s, *_ = run_engine(config, models, prompts, CLOCKS[clock])
     return summarize(name, config, recorder, rows, wall_s), recorder
 
 

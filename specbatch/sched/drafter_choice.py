@@ -121,8 +121,18 @@ def choose_drafters(alphas: AlphaTracker, round_cost: RoundCostModel, rows: list
 
 def _gain(alpha: float, cap: int, price: float, fixed: float) -> float:
     """Expected tokens beyond plain decoding's one, less the drafts' price (`price` tokens a draft and
-    `fixed` once), at the best k ≤ cap."""
-    return max(expected_tokens(alpha, k) - 1 - price * k - fixed for k in range(1, cap + 1))
+    `fixed` once), at the best k ≤ cap: the k-th draft adds α^k tokens, so the best k is the largest
+    whose last draft is still worth its price, α^k ≥ price (planning runs this per row and drafter
+    every round: a closed form, not a search over k)."""
+    if alpha >= 1.0:
+        k = cap if price < 1.0 else 1
+    elif price <= 0.0:
+        k = cap
+    elif alpha <= 0.0 or price >= 1.0:
+        k = 1
+    else:
+        k = min(cap, max(1, int(math.log(price) / math.log(alpha))))
+    return expected_tokens(alpha, k) - 1 - price * k - fixed
 
 
 def probe_with_model(alphas: AlphaTracker, row: Row | None) -> None:
