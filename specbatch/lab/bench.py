@@ -402,7 +402,7 @@ def mfu_basis(num_params: int, peak: GemmPeak) -> str:
     return f"MFU: tokens/s × 2 × {num_params / 1e6:.3g}M target parameters ÷ {peak.describe()}"
 
 
-def _peer_valid_share(run: dict, prompts: list[BenchPrompt], tokenizer: Any) -> float:
+def _peer_valid_share(run: dict, prompts: list[BenchPrompt], tokenizer: Any) -> float | None:
     """Of the outputs a peer run finished by a stop token, the share that satisfy their constraint."""
     finished = {request_id: ids for request_id, ids in run["outputs"].items()
                 if run["finish_reasons"][request_id] == "stop"}
@@ -410,7 +410,7 @@ def _peer_valid_share(run: dict, prompts: list[BenchPrompt], tokenizer: Any) -> 
 
 
 def _peer_rows(peer: dict, refs: dict, results: list[BenchResult], k: int,
-               valid_share: Callable[[dict], float] | None = None) -> list[BenchResult]:
+               valid_share: Callable[[dict], float | None] | None = None) -> list[BenchResult]:
     """The peer's rows, with ratios at their batch size and agreement with specbatch-none's outputs
     there (and, for constrained workloads, `valid_share` of each run); every row's ratio_vs_peer
     (to the peer's fastest)."""
