@@ -140,7 +140,9 @@ class StepRecord:
     num_accepted: int
     num_committed: int
     num_output_tokens: int  # output length after this step
-    drafter: str = ""  # the drafter of this step's drafts where the job has several (drafter.kind); "" otherwise
+    # the drafter this step drafted with (k > 0: a lookup may still propose nothing) where the job has several
+    # (drafter.kind); "" otherwise
+    drafter: str = ""
 
     @classmethod
     def of(cls, outcome: RowOutcome, num_committed: int, worker_id: int, round_index: int,
@@ -149,7 +151,7 @@ class StepRecord:
         return cls(request_id=row.request_id, worker_id=worker_id, round_index=round_index, emitted_s=emitted_s,
                    k=outcome.k, num_proposed=len(outcome.proposed), num_accepted=outcome.num_accepted,
                    num_committed=num_committed, num_output_tokens=row.num_output_tokens,
-                   drafter=row.drafter if outcome.proposed else "")
+                   drafter=row.drafter if outcome.k > 0 else "")
 
 
 @dataclass

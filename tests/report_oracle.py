@@ -366,7 +366,7 @@ def expected_speculation_by_drafter(jobs: list[Path]) -> list[dict]:
         rounds = {(r["run_id"], r["worker_id"], r["round_index"]): r for r in rows(job, "rounds") if r["plain_ms"] > 0}
         steps = [(s, rounds[s["run_id"], s["worker_id"], s["round_index"]]) for s in rows(job, "steps")
                  if (s["run_id"], s["worker_id"], s["round_index"]) in rounds]
-        by_drafter = _group(steps, lambda pair: "none" if pair[0]["num_proposed"] == 0 else pair[0]["drafter"])
+        by_drafter = _group(steps, lambda pair: "none" if pair[0]["k"] == 0 else pair[0]["drafter"])
         for drafter, pairs in sorted(by_drafter.items()):
             n = len(pairs)
             accepted = sum(s["num_accepted"] for s, _ in pairs)
@@ -376,6 +376,7 @@ def expected_speculation_by_drafter(jobs: list[Path]) -> list[dict]:
             limit = sum(r["limit_speedup"] for _, r in pairs) / n
             out.append({"job_id": job.name, "drafter": drafter, "num_steps": n,
                         "num_proposed": sum(s["num_proposed"] for s, _ in pairs),
+                        "proposed_share": sum(s["num_proposed"] > 0 for s, _ in pairs) / n,
                         "alpha": _ratio(accepted, accepted + rejections), "realised_speedup": realised,
                         "limit_speedup": limit, "realised_of_limit": realised / limit})
     return out

@@ -11,7 +11,7 @@ from specbatch.config import load_config
 from specbatch.core import Row, SamplingParams
 from specbatch.loop import MemoryRecorder
 from specbatch.sched.costmodel import CostModel
-from specbatch.sim.acceptance import DomainAcceptance, ReplayAcceptance
+from specbatch.sim.acceptance import DomainAcceptance, DrafterAcceptance, ReplayAcceptance
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID
 from specbatch.sim.worker import build_sim_engine
 
@@ -166,3 +166,19 @@ def test_a_lookup_that_finds_no_match_proposes_nothing_and_verifies_its_pending_
     assert 0.3 < len(matched) / len(planned) < 0.5
     for record in recorder.rounds:  # a verify row per decode row, plus its proposals
         assert record.num_target_rows - record.num_prefill_tokens == record.num_decode_rows + record.num_proposed
+
+
+def test_each_drafter_draws_a_rows_acceptance_from_its_own_model():
+    """With a DrafterAcceptance, a step's accepted prefix follows the α of the drafter that drafted it:
+    here suffix drafts are always accepted and n-gram drafts never; a drafter without a model is refused."""
+    config = load_config(None, ["capacity.max_context=256", "drafter.kind=suffix,ngram", "scheduler.lookahead=fixed:3",
+                                "scheduler.max_batch_rows=8"])
+    acceptance = DrafterAcceptance({"ngram": DomainAcceptance({"*": (0.0, 1.0)}, seed=1),
+                                    "suffix": DomainAcceptance({"*": (1.0, 1.0)}, seed=2)})
+    rows = [Row(f"d{i}", [1] * 6, SamplingParams(max_new_tokens=40)) for i in range(8)]
+    recorder, _ = sim_run(config, rows, {r.request_id: (40, False) for r in rows}, acceptance)
+    drafted = [step for step in recorder.steps if step.num_proposed]
+    assert {step.drafter for step in drafted} == {"ngram", "suffix"}
+    assert all(step.num_accepted == (step.num_proposed if step.drafter == "suffix" else 0) for step in drafted)
+    with pytest.raises(ValueError, match="suffix"):
+        sim_run(config, rows, {}, DrafterAcceptance({"ngram": DomainAcceptance({"*": (1.0, 1.0)})}))

@@ -97,6 +97,26 @@ class DomainAcceptance:
         self._alphas.pop(request_id, None)
 
 
+@dataclass
+class DrafterAcceptance:
+    """A job of several drafters: each drafter's own `DomainAcceptance`, so a request's α differs per
+    drafter, drawn independently (give each model its own seed): a request that suits suffix drafting
+    need not suit the draft model, which one α scaled per drafter cannot say. `SimBackend` draws the
+    accepted prefix inline under the drafter each row drafts with."""
+
+    drafters: Mapping[str, DomainAcceptance]
+
+    def alpha(self, request_id: str, domain: str, drafter: str) -> float:
+        return self.drafters[drafter].alpha(request_id, domain)
+
+    def num_accepted(self, request_id: str, domain: str, position: int, k: int, rng: random.Random) -> int:
+        raise TypeError("a DrafterAcceptance is drawn per drafter (SimBackend), not per request alone")
+
+    def release(self, request_id: str) -> None:
+        for model in self.drafters.values():
+            model.release(request_id)
+
+
 _UNKNOWN, _ACCEPT, _REJECT = 0, 1, 2
 
 

@@ -7,7 +7,8 @@ It returns the same `RoundOutcome` as `HFBackend` and, like it, never writes a r
   times a seeded mean-1 lognormal factor per round where `timing_noise` is set: a machine whose
   speed varies round to round, as a shared host's does, which decisions from measured timings
   must survive;
-- accepted prefix: an acceptance model (per-request α per domain, or replayed histories);
+- accepted prefix: an acceptance model (per-request α per domain, and per drafter with a
+  `DrafterAcceptance`, or replayed histories);
 - tokens: a fixed fake token id, and `SIM_EOS_TOKEN_ID` at the request's output length when it
   ends by EOS, so the real `StopChecker` finishes it and discards what was accepted past it.
 
@@ -31,7 +32,7 @@ from specbatch.config import INDEXING_DRAFTERS
 from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
-from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance
+from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance, DrafterAcceptance
 
 SIM_EOS_TOKEN_ID = 0
 SIM_TOKEN_ID = 1  # every other emitted or drafted token
@@ -54,7 +55,7 @@ class SimBackend:
     def __init__(
         self,
         cost: CostModel,
-        acceptance: AcceptanceModel,
+        acceptance: AcceptanceModel | DrafterAcceptance,
         clock: VirtualClock,
         buckets: ShapeBuckets,
         max_kv_len: int,
@@ -92,6 +93,12 @@ class SimBackend:
         # DomainAcceptance is drawn inline (the same draws as `accepted_prefix`, a third of the
         # cost): ln α per running request, 0.0 for α = 1 and -inf for α = 0
         self._log_alphas: dict[str, float] | None = {} if type(acceptance) is DomainAcceptance else None
+        # a DrafterAcceptance too, per request and drafter
+        self._drafter_log_alphas: dict[str, dict[str, float]] | None = None
+        if isinstance(acceptance, DrafterAcceptance):
+            if missing := set(self.kinds) - {"none"} - set(acceptance.drafters):
+                raise ValueError(f"no acceptance model for drafter(s) {sorted(missing)}")
+            self._drafter_log_alphas = {}
 
     def admit(self, row: Row) -> None:
         if row.request_id not in self.rngs:  # one stream per request: policies see the same draws
@@ -102,6 +109,12 @@ class SimBackend:
             assert isinstance(self.acceptance, DomainAcceptance)
             alpha = self.acceptance.alpha(row.request_id, row.domain)
             self._log_alphas[row.request_id] = math.log(alpha) if alpha > 0 else -math.inf
+        elif self._drafter_log_alphas is not None:
+            assert isinstance(self.acceptance, DrafterAcceptance)
+            alphas = {kind: self.acceptance.alpha(row.request_id, row.domain, kind) for kind in self.kinds
+                      if kind != "none"}
+            self._drafter_log_alphas[row.request_id] = {kind: math.log(a) if a > 0 else -math.inf
+                                                        for kind, a in alphas.items()}
 
     def use_kv_blocks(self, kv: object) -> None:
         """Shared blocks cost nothing here: the scheduler counts them computed, so only the rest is
@@ -114,6 +127,8 @@ class SimBackend:
             self.acceptance.release(row.request_id)
             if self._log_alphas is not None:
                 self._log_alphas.pop(row.request_id, None)
+            if self._drafter_log_alphas is not None:
+                self._drafter_log_alphas.pop(row.request_id, None)
 
     def execute(self, plan: RoundPlan) -> RoundOutcome:
         outcome = RoundOutcome()
@@ -185,7 +200,7 @@ class SimBackend:
         # the hot loop of a simulation (one iteration per row per round): properties inlined
         num_accepted_of, rngs, outputs = self.acceptance.num_accepted, self.rngs, self.outputs
         log_alphas, drafts, log, num_fed = self._log_alphas, self._drafts, math.log, proposals.num_fed
-        indexed_to, match_rates = proposals.indexed_to, self.match_rates
+        indexed_to, match_rates, drafter_log_alphas = proposals.indexed_to, self.match_rates, self._drafter_log_alphas
         outcomes = []
         max_end = num_positions = max_len = 0
         for index, (row, planned_k) in enumerate(decode):
@@ -198,7 +213,10 @@ class SimBackend:
             if k >= max_len:
                 max_len = 1 + k
             num_positions += 1 + k
-            if log_alphas is None:
+            if drafter_log_alphas is not None:  # as below, under the row's drafter
+                u, log_alpha = 1.0 - rngs[request_id].random(), drafter_log_alphas[request_id].get(self._kind(row), 0.0)
+                num_accepted = k if log_alpha == 0.0 else min(k, int(log(u) / log_alpha))
+            elif log_alphas is None:
                 num_accepted = num_accepted_of(request_id, row.domain, position, k, rngs[request_id])
             else:  # accepted_prefix: X = min(k, floor(ln U / ln α)), U in (0, 1]
                 u, log_alpha = 1.0 - rngs[request_id].random(), log_alphas[request_id]

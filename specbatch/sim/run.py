@@ -44,7 +44,7 @@ from specbatch.core import Row, SamplingParams, Status
 from specbatch.ledger import TABLES, committed_parts
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import resolve_cost_model
-from specbatch.sim.acceptance import AcceptanceModel
+from specbatch.sim.acceptance import AcceptanceModel, DrafterAcceptance
 from specbatch.sim.backend import SIM_TOKEN_ID
 from specbatch.sim.summary import SimSummary, SummaryCollector
 from specbatch.sim.worker import SimWorker, new_worker, sim_max_context
@@ -120,7 +120,7 @@ class _State:
 def simulate(
     config: JobConfig,
     requests: RequestSource,
-    acceptance: AcceptanceModel,
+    acceptance: AcceptanceModel | DrafterAcceptance,
     job_dir: str | Path,
     cost_model: CostModel | None = None,
     options: SimOptions | None = None,

@@ -21,7 +21,7 @@ from specbatch.ledger import PartWriter
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import job_buckets
-from specbatch.sim.acceptance import AcceptanceModel
+from specbatch.sim.acceptance import AcceptanceModel, DrafterAcceptance
 from specbatch.sim.backend import SIM_EOS_TOKEN_ID, SimBackend, VirtualClock, sim_decode
 
 RUN_ID = "sim"  # part names: part-wNN-sim-SEQ
@@ -65,7 +65,7 @@ def sim_kv_capacity_tokens(config: JobConfig, slot_len: int) -> int:
 def build_sim_engine(
     config: JobConfig,
     cost: CostModel,
-    acceptance: AcceptanceModel,
+    acceptance: AcceptanceModel | DrafterAcceptance,
     outputs: Mapping[str, tuple[int, bool]],
     recorder: Recorder,
     worker_id: int = 0,
@@ -161,7 +161,7 @@ class SimWorker:
 def new_worker(
     config: JobConfig,
     cost: CostModel,
-    acceptance: AcceptanceModel,
+    acceptance: AcceptanceModel | DrafterAcceptance,
     outputs: Mapping[str, tuple[int, bool]],
     job_dir: Path,
     worker_id: int,
