@@ -56,9 +56,9 @@ class _Batch:
         over the rounds a row may still draft if fewer: its tokens left at 1 + α a round, the least a
         drafting row commits in expectation (a row 20 tokens from its cap cannot repay a catch-up
         over 64 rounds); with explore_z > 0, α is its upper confidence bound. But a catch-up on a
-        drafter measured fewer than `min_job_samples` times (in the row's domain, and by the row) is made on
-        the prior's word: α is its estimate and the catch-up is spread over `unproven_horizon` rounds at
-        most, but for the one row with least to catch up: the trial that measures the drafter.
+        drafter measured fewer than `min_job_samples` times (in the row's domain and by the row) is made
+        on the prior's word: α is its estimate and the catch-up is spread over `unproven_horizon` rounds
+        at most, but for the one row with least to catch up: the trial that measures the drafter.
         Priced as trials, at batch 32 on few-shot prompts every row indexed its 580-token prompt for
         suffix drafting on the prior's α (11% of the job) before the first verify showed that suffix
         drafts matched nothing there."""
@@ -123,8 +123,8 @@ class AdaptiveLookahead:
     Exploration: α is taken at its upper confidence bound (`explore_z` standard deviations), so a
     domain with little evidence still drafts enough to be measured; the bonus fades as √(1/n). A
     catch-up (a draft cache or suffix index behind by more than a round's tokens) is an investment, not
-    a trial: on a drafter measured fewer than `min_job_samples` times (in the row's domain, and by the row)
-    (the prior's weight), it is priced at α's estimate and repaid within `switch_horizon` rounds. Where
+    a trial: on a drafter measured fewer than `min_job_samples` times (the prior's weight; in the row's
+    domain and by the row), it is priced at α's estimate and repaid within `switch_horizon` rounds. Where
     the round-time model is learnt on the run and has not measured the draft model, the scheduler's
     probes do (`DraftControl.probe_row`), so a pessimistic prior cannot keep k at 0. With a
     draft gate (`DraftControl.gate`), its plain rounds plan k = 0 for every row.
