@@ -20,9 +20,10 @@ COST = CostModel(intercept_ms=1.0, target_passes=2.0, target_rows=0.5, draft_pas
 HOST_TIMES = {"plan_ms", "commit_ms", "prefill_ms", "draft_ms", "verify_ms", "round_ms", "started_s"}
 
 
-def sim_run(config, rows, outputs, acceptance, cost=COST, shared_prefixes=False):
+def sim_run(config, rows, outputs, acceptance, cost=COST, **options):
+    """The rows through a simulated engine; `options` go to `build_sim_engine`."""
     recorder = MemoryRecorder()
-    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, shared_prefixes=shared_prefixes)
+    engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, **options)
     for row in rows:
         engine.add(row)
     engine.run()
@@ -122,12 +123,8 @@ def test_timing_noise_scales_whole_rounds_by_a_seeded_mean_one_factor():
 
     def run(noise: float):
         rows = [Row(f"r{i}", [1] * (5 + i), SamplingParams(max_new_tokens=120)) for i in range(8)]
-        recorder = MemoryRecorder()
-        engine, _ = build_sim_engine(config, COST, DomainAcceptance({"*": (0.7, 20.0)}),
-                                     {r.request_id: (120, False) for r in rows}, recorder, timing_noise=noise)
-        for row in rows:
-            engine.add(row)
-        engine.run()
+        recorder, _ = sim_run(config, rows, {r.request_id: (120, False) for r in rows},
+                              DomainAcceptance({"*": (0.7, 20.0)}), timing_noise=noise)
         return recorder.rounds
 
     quiet, noisy, again = run(0.0), run(0.3), run(0.3)
@@ -149,12 +146,8 @@ def test_a_lookup_that_finds_no_match_proposes_nothing_and_verifies_its_pending_
 
     def run(match: dict[str, float]):
         rows = [Row(f"n{i}", [1] * 6, SamplingParams(max_new_tokens=60)) for i in range(16)]
-        recorder = MemoryRecorder()
-        engine, _ = build_sim_engine(config, COST, DomainAcceptance({"*": (1.0, 1.0)}),
-                                     {r.request_id: (60, False) for r in rows}, recorder, lookup_match_rate=match)
-        for row in rows:
-            engine.add(row)
-        engine.run()
+        recorder, _ = sim_run(config, rows, {r.request_id: (60, False) for r in rows},
+                              DomainAcceptance({"*": (1.0, 1.0)}), lookup_match_rate=match)
         return recorder
 
     for record in run({}).rounds:
