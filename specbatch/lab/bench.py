@@ -48,7 +48,7 @@ from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_worklo
 from specbatch.lab.peer import PEER_MODES, PeerError, check_venv, run_vllm
 from specbatch.lab.prompts import BenchPrompt, file_prompts, heldout_prompts
 from specbatch.lab.workloads import WORKLOADS, WorkloadSize, shared_prefix_prompts
-from specbatch.loop import MemoryRecorder
+from specbatch.loop import Engine, MemoryRecorder
 from specbatch.records import RoundRecord
 from specbatch.sched.costmodel import CostModel
 
@@ -155,9 +155,11 @@ class EngineRun(NamedTuple):
 
 
 def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
-               clock: Callable[[], float] = time.perf_counter) -> EngineRun:
+               clock: Callable[[], float] = time.perf_counter,
+               prepare: Callable[[Engine], None] | None = None) -> EngineRun:
     """One engine over all prompts at once; every time the engine records (arrivals, finishes,
-    round_ms) is read from `clock`. Its start-up is timed apart, as vLLM's is (its KV cache is
+    round_ms) is read from `clock`; `prepare(engine)` may adjust it before the rows run (a benchmark's
+    A/B of a policy setting). Its start-up is timed apart, as vLLM's is (its KV cache is
     allocated there too) and as graph capture is: a worker pays it once per job, and zeroing
     gigabytes of slot caches took 0.4-2.6 s here for the same engine, run to run, which alone
     swung a short batch-128 row by 2×."""
@@ -166,6 +168,8 @@ def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
     need = max(prompt.num_positions for prompt in prompts)  # slots sized as a job's
     engine = build_hf_engine(config, models, recorder, max_request_tokens=need)
     engine.clock = clock
+    if prepare is not None:
+        prepare(engine)
     built = clock()
     planned_from = engine.scheduler.ctx.round_cost.cost
     rows = [prompt.to_row() for prompt in prompts]
