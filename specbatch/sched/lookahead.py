@@ -62,18 +62,23 @@ class _Batch:
         Priced as trials, at batch 32 on few-shot prompts every row indexed its 580-token prompt for
         suffix drafting on the prior's α (11% of the job) before the first verify showed that suffix
         drafts matched nothing there."""
-        unproven = _unproven_catch_ups(ctx, rows, caps, min_job_samples)
+        models = [ctx.drafts_with_model(r) for r in rows]
+        draft_lags = [draft_lag(r) - 1 for r in rows]  # beyond the pending token
+        index_lags = [ctx.index_lag(r) for r in rows]
+        catch_ups = [lag if model else index_lag for lag, index_lag, model in zip(draft_lags, index_lags, models,
+                                                                                   strict=True)]
+        unproven = _unproven_catch_ups(ctx, rows, caps, catch_ups, min_job_samples)
         alphas = [min(max(ctx.alphas.optimistic_alpha(r, 0.0 if trial else explore_z), 1e-6), 1 - 1e-9)
                   for r, trial in zip(rows, unproven, strict=True)]
         spreads = [min(min(horizon, unproven_horizon) if trial else horizon,
                        max(1.0, r.num_new_tokens_left / (1 + alpha)))
                    for r, alpha, trial in zip(rows, alphas, unproven, strict=True)]
-        lags = [1 + (draft_lag(r) - 1) / spread for r, spread in zip(rows, spreads, strict=True)]
-        index_lags = [ctx.index_lag(r) / spread for r, spread in zip(rows, spreads, strict=True)]
         round_cost = ctx.round_cost
-        return cls(alphas, list(caps), [r.num_computed for r in rows], lags, [ctx.drafts_with_model(r) for r in rows],
-                   round_cost.draft_position_ms, index_lags, round_cost.cost.lookup_rows,
-                   round_cost.cost.lookup_tokens, round_cost.flat)
+        return cls(alphas, list(caps), [r.num_computed for r in rows],
+                   [1 + lag / spread for lag, spread in zip(draft_lags, spreads, strict=True)], models,
+                   round_cost.draft_position_ms,
+                   [lag / spread for lag, spread in zip(index_lags, spreads, strict=True)],
+                   round_cost.cost.lookup_rows, round_cost.cost.lookup_tokens, round_cost.flat)
 
     def shape(self, ks: list[int]) -> DecodeShape:
         drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
@@ -252,17 +257,18 @@ class AdaptiveLookahead:
         return rate, ks
 
 
-def _unproven_catch_ups(ctx: SchedContext, rows: list[Row], caps: list[int], min_job_samples: int) -> list[bool]:
-    """Per row, whether drafting for it first catches up its draft cache or suffix index by more than a
-    round's tokens, with a drafter measured fewer than `min_job_samples` times in the row's domain and
-    by the row itself; False for the one such row with the least to catch up (the trial)."""
+def _unproven_catch_ups(ctx: SchedContext, rows: list[Row], caps: list[int], catch_ups: list[int],
+                        min_job_samples: int) -> list[bool]:
+    """Per row, whether drafting for it first catches up more than a round's tokens (`catch_ups`: its
+    draft cache's or suffix index's lag), with a drafter measured fewer than `min_job_samples` times in
+    the row's domain and by the row itself; False for the one such row with the least to catch up (the
+    trial)."""
     if not min_job_samples:
         return [False for _ in rows]
-    lags = [draft_lag(row) - 1 if ctx.drafts_with_model(row) else ctx.index_lag(row) for row in rows]
     unproven = [lag > 1 + cap and ctx.alphas.num_samples(row) + ctx.alphas.job_samples(row) < min_job_samples
-                for row, cap, lag in zip(rows, caps, lags, strict=True)]
+                for row, cap, lag in zip(rows, caps, catch_ups, strict=True)]
     if any(unproven):
-        unproven[min((lag, i) for i, lag in enumerate(lags) if unproven[i])[1]] = False
+        unproven[min((lag, i) for i, lag in enumerate(catch_ups) if unproven[i])[1]] = False
     return unproven
 
 
