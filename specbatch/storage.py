@@ -398,7 +398,11 @@ class ObjectStorage(Storage):
         self.fs.invalidate_cache(self._path(key))
 
     def read_parquet(self, key: str, columns: list[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
-        return pq.read_table(self._path(key), columns=columns, schema=schema, filesystem=self.fs)
+        """The file fetched whole on this thread, then parsed from memory. Handing pyarrow the fsspec
+        file system instead lets its I/O threads call back into Python, and one still running at
+        interpreter exit aborts the process ("terminate called without an active exception",
+        apache/arrow#39162); part files are small, so nothing is lost by fetching them whole."""
+        return pq.read_table(pa.BufferReader(self.read_bytes(key)), columns=columns, schema=schema)
 
     def local_dir(self) -> Path:
         return self._scratch

@@ -60,7 +60,9 @@ def test_storage_writes_whole_objects_and_creates_only_once(storage):
         raise RuntimeError("the writer failed")
     assert storage.names("a") == ["lock", "x.json"]  # nothing of the failed write is visible
     storage.write_parquet("t/p.parquet", pa.table({"v": [1, 2]}))
+    storage.write_parquet("t/q.parquet", pa.table({"v": [1, 2], "w": ["a", "b"]}))
     assert storage.read_parquet("t/p.parquet").column("v").to_pylist() == [1, 2]
+    assert storage.read_parquet("t/q.parquet", columns=["w"]).to_pydict() == {"w": ["a", "b"]}
     storage.delete("a/lock")
     storage.delete("a/lock")  # already gone: nothing
     assert not storage.exists("a/lock") and storage.names("missing") == []
