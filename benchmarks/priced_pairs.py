@@ -53,7 +53,8 @@ def main(batch: int, num_prompts: int, num_pairs: int, specs: list[str],
 
     def work_ms(r: RoundRecord) -> float:
         return model.predict_ms(r.num_target_passes, r.num_target_rows + r.num_padded_target_rows, r.num_draft_passes,
-                                r.num_draft_rows + r.num_padded_draft_rows, r.num_kv_tokens_read)
+                                r.num_draft_rows + r.num_padded_draft_rows, r.num_kv_tokens_read,
+                                r.num_wide_kv_tokens_read)
 
     rates = {}
     for spec in specs:

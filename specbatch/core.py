@@ -229,6 +229,18 @@ class PassShape:
     # a flat ragged pass (`engine/forward.py`) pads no row: what it computed, given as counted
     flat_padded_positions: int | None = None
     flat_kv_tokens_read: int | None = None  # Σ over rows of the positions each row attends to
+    # of those, read by rows of more than one position: the paged kernel lays them across lanes,
+    # whose price per KV position differs from a one-position row's (`sched/costmodel.py`)
+    flat_wide_kv_tokens_read: int | None = None
+
+    @classmethod
+    def flat(cls, starts: list[int], lengths: list[int]) -> PassShape:
+        """Rows fed `lengths` tokens at `starts` in a flat pass (`engine/forward.py`), or the prefill or
+        verify share of one: nothing padded, each row reading its own KV."""
+        ends = [start + length for start, length in zip(starts, lengths, strict=True)]
+        wide = sum(end for end, length in zip(ends, lengths, strict=True) if length > 1)
+        return cls(len(lengths), len(lengths), max(lengths), max(ends), sum(lengths), flat_padded_positions=0,
+                   flat_kv_tokens_read=sum(ends), flat_wide_kv_tokens_read=wide)
 
     @property
     def num_padded_positions(self) -> int:
@@ -241,6 +253,12 @@ class PassShape:
         if self.flat_kv_tokens_read is not None:
             return self.flat_kv_tokens_read
         return self.num_bucket_rows * self.kv_len
+
+    @property
+    def num_wide_kv_tokens_read(self) -> int:
+        if self.flat_wide_kv_tokens_read is not None:
+            return self.flat_wide_kv_tokens_read
+        return self.num_kv_tokens_read if self.query_len > 1 else 0
 
 
 @dataclass

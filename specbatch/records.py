@@ -84,6 +84,8 @@ class RoundRecord:
     # drafting by lookup (n-gram, suffix; host time inside draft_ms): rows drafted for, tokens indexed
     num_lookup_rows: int = 0
     num_indexed_tokens: int = 0
+    # of num_kv_tokens_read, read by rows of more than one position (`PassShape.num_wide_kv_tokens_read`)
+    num_wide_kv_tokens_read: int = 0
 
     @classmethod
     def of(cls, plan: RoundPlan, outcome: RoundOutcome, num_committed: int, *, worker_id: int, round_index: int,
@@ -97,7 +99,8 @@ class RoundRecord:
         prefill_padded = sum(shape.num_padded_positions for shape in prefills)
         padded = (verify.num_padded_positions if verify else 0) + prefill_padded
         num_draft_positions = (proposals.num_draft_positions if proposals else 0) + outcome.num_draft_prefill_positions
-        kv_read = (verify.num_kv_tokens_read if verify else 0) + sum(shape.num_kv_tokens_read for shape in prefills)
+        shapes = [*prefills, verify] if verify else prefills
+        kv_read = sum(shape.num_kv_tokens_read for shape in shapes)
         rows = {id(row) for row, _ in plan.decode} | {id(row) for row, _ in plan.prefill}
         return cls(
             worker_id=worker_id, round_index=round_index, started_s=started_s,
@@ -124,6 +127,7 @@ class RoundRecord:
             kv_blocks_evicted=kv_use.num_evicted, kv_blocks_referenced=kv_use.num_referenced,
             num_lookup_rows=proposals.num_lookup_rows if proposals else 0,
             num_indexed_tokens=proposals.num_indexed_tokens if proposals else 0,
+            num_wide_kv_tokens_read=sum(shape.num_wide_kv_tokens_read for shape in shapes),
         )
 
 

@@ -53,7 +53,8 @@ CREATE OR REPLACE VIEW rounds AS
                NULL::DOUBLE AS reuse_ms, NULL::DOUBLE AS warmup_ms,
                NULL::DOUBLE AS plain_ms, NULL::DOUBLE AS predicted_ms, NULL::DOUBLE AS limit_speedup,
                NULL::DOUBLE AS mask_ms, NULL::DOUBLE AS mask_wait_ms, NULL::BIGINT AS num_forced_proposed, NULL::BIGINT AS num_forced_accepted,
-               NULL::BIGINT AS num_lookup_rows, NULL::BIGINT AS num_indexed_tokens
+               NULL::BIGINT AS num_lookup_rows, NULL::BIGINT AS num_indexed_tokens,
+               NULL::BIGINT AS num_wide_kv_tokens_read
         WHERE false
         UNION ALL BY NAME SELECT * FROM ledger_table('rounds')
     )

@@ -58,7 +58,7 @@ EXPECTED_ROUNDS = _schema(
     *_required(_I64, "num_forced_proposed", "num_forced_accepted"),
     *_required(_I64, "kv_blocks_in_use", "kv_blocks_shared", "kv_blocks_cached", "kv_blocks_evicted",
                "kv_blocks_referenced"),
-    *_required(_I64, "num_lookup_rows", "num_indexed_tokens"),
+    *_required(_I64, "num_lookup_rows", "num_indexed_tokens", "num_wide_kv_tokens_read"),
 )
 
 EXPECTED_STEPS = _schema(

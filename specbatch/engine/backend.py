@@ -146,10 +146,10 @@ class HFBackend:
         outcome.prefill_ms += elapsed * share
         outcome.verify_ms = elapsed - elapsed * share
         if num_prefill:
-            outcome.prefill_shapes.append(flat_shape([row.num_computed for row, _ in prefill],
+            outcome.prefill_shapes.append(PassShape.flat([row.num_computed for row, _ in prefill],
                                                      [size for _, size in prefill]))
         if rows:
-            outcome.verify_shape = flat_shape(starts, [len(window) for window in windows])
+            outcome.verify_shape = PassShape.flat(starts, [len(window) for window in windows])
 
     @staticmethod
     def _verify_positions(chunks: list[list[int]], windows: list[list[int]], offset: int) -> list[int]:
@@ -207,8 +207,3 @@ class HFBackend:
         return outcomes
 
 
-def flat_shape(starts: list[int], lengths: list[int]) -> PassShape:
-    """The shape of rows fed `lengths` tokens at `starts` in a flat pass (or the prefill or verify
-    share of one), for the ledger: nothing padded, each row reading its own KV."""
-    return PassShape(len(lengths), len(lengths), max(lengths), max(s + n for s, n in zip(starts, lengths, strict=True)),
-                     sum(lengths), flat_padded_positions=0, flat_kv_tokens_read=sum(starts) + sum(lengths))

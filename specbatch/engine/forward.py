@@ -69,13 +69,11 @@ class PagedModel:
         lengths = [len(chunk) for chunk in chunks]
         device = self.device
         layout = build_layout(tables, starts, lengths, self.cache.block_size, device)
-        num_tokens, query_len = layout.num_tokens, max(lengths)
+        num_tokens = layout.num_tokens
         input_ids = torch.tensor([token for chunk in chunks for token in chunk], dtype=torch.long, device=device)
         positions = torch.tensor([start + i for start, length in zip(starts, lengths, strict=True)
                                   for i in range(length)], dtype=torch.long, device=device)
-        kv_len = max(start + length for start, length in zip(starts, lengths, strict=True))
-        shape = PassShape(len(tables), len(tables), query_len, kv_len, num_tokens, flat_padded_positions=0,
-                          flat_kv_tokens_read=sum(starts) + num_tokens)  # `backend.flat_shape`, inlined: no cycle
+        shape = PassShape.flat(starts, lengths)
         ends = torch.tensor(lengths, device=device).cumsum(0) - 1  # [rows] each row's last token
         kept: Any = 0  # every position
         if not keep_logits:
@@ -91,7 +89,7 @@ class PagedModel:
             if self.feature_layers:
                 self.features = torch.cat(states, dim=-1)
             return logits, shape
-        self.cache.bind(layout, kv_len)
+        self.cache.bind(layout, shape.kv_len)
         with bound_pass(layout):
             output = self.step(
                 input_ids=input_ids[None], position_ids=positions[None], **{self.cache_argument: self.cache},

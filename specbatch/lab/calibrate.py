@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from specbatch import ledger
 from specbatch.sched.costmodel import FEATURES, CostModel
 
@@ -21,19 +23,12 @@ def calibrate(job_dir: str | Path) -> CostModel:
     if rounds.num_rows < 2:
         raise ValueError(f"{job_dir}: {rounds.num_rows} committed rounds; need at least two to calibrate")
     fitted = CostModel.fit(rounds, source=f"calibrated on {job_dir} ({rounds.num_rows} rounds)")
-    columns = rounds.to_pydict()
-    features = zip(columns["num_target_passes"], _plus(columns, "num_target_rows", "num_padded_target_rows"),
-                   columns["num_draft_passes"], _plus(columns, "num_draft_rows", "num_padded_draft_rows"),
-                   columns["num_kv_tokens_read"], strict=True)
-    predicted = [fitted.predict_ms(*row) for row in features]
-    scale = sum(columns["round_ms"]) / sum(predicted) if sum(predicted) > 0 else 1.0
+    predicted = fitted.predict_rounds(rounds)
+    measured = np.asarray(rounds.column("round_ms").to_pylist(), dtype=float)
+    scale = float(measured.sum() / predicted.sum()) if predicted.sum() > 0 else 1.0
     if abs(scale - 1.0) < 1e-9:
         return fitted
     coefficients = {name: getattr(fitted, name) * scale for name in ("intercept_ms", *FEATURES)}
-    errors = [abs(p * scale - y) / max(y, 1e-9) for p, y in zip(predicted, columns["round_ms"], strict=True)]
-    return replace(fitted, **coefficients, mape=sum(errors) / len(errors),
+    errors = np.abs(predicted * scale - measured) / np.maximum(measured, 1e-9)
+    return replace(fitted, **coefficients, mape=float(errors.mean()),
                    source=f"{fitted.source}, scaled by {scale:.4g} to its total time")
-
-
-def _plus(columns: dict[str, list], a: str, b: str) -> list[int]:
-    return [x + y for x, y in zip(columns[a], columns[b], strict=True)]

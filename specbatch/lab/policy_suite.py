@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from rich.console import Console
 
@@ -90,19 +91,16 @@ def _quantile(values: list[float], q: float) -> float:
 def rounds_table(recorders: list[MemoryRecorder]) -> pa.Table:
     """The `rounds` columns CostModel.fit reads, from in-memory records."""
     names = ("num_target_passes", "num_target_rows", "num_padded_target_rows", "num_draft_passes",
-             "num_draft_rows", "num_padded_draft_rows", "num_kv_tokens_read", "round_ms")
+             "num_draft_rows", "num_padded_draft_rows", "num_kv_tokens_read", "num_wide_kv_tokens_read", "round_ms")
     rounds = [r for recorder in recorders for r in recorder.rounds]
     return pa.table({name: [getattr(r, name) for r in rounds] for name in names})
 
 
 def mape(model: CostModel, table: pa.Table) -> float:
     """Mean absolute percentage error of a model's round-time predictions on a rounds table."""
-    c = table.to_pydict()
-    features = zip(c["num_target_passes"], c["num_target_rows"], c["num_padded_target_rows"], c["num_draft_passes"],
-                   c["num_draft_rows"], c["num_padded_draft_rows"], c["num_kv_tokens_read"], c["round_ms"], strict=True)
-    errors = [abs(model.predict_ms(tp, tr + ptr, dp, dr + pdr, kv) - y) / max(y, 1e-9)
-              for tp, tr, ptr, dp, dr, pdr, kv, y in features]
-    return sum(errors) / max(len(errors), 1)
+    measured = np.asarray(table.column("round_ms").to_pylist(), dtype=float)
+    errors = np.abs(model.predict_rounds(table) - measured) / np.maximum(measured, 1e-9)
+    return float(errors.mean()) if len(errors) else 0.0
 
 
 def cross_validated_mape(recorders: list[MemoryRecorder]) -> float | None:

@@ -1,7 +1,13 @@
 """Round time from the work a round does, fitted by least squares from `rounds` ledger rows.
 
     round_ms ≈ c0 + c_tp·target_passes + c_tr·target_rows + c_dp·draft_passes + c_dr·draft_rows
-               + c_kv·kv_tokens_read
+               + c_kv·kv_tokens_read + c_wkv·wide_kv_tokens_read
+
+`wide_kv_tokens_read` is the share of the KV read by rows of more than one position (verify rows
+with drafts, prefill chunks). The paged kernel (`engine/kernels/paged_attention.c`) lays a row of one
+position across head dimensions and a longer row across lanes, and the two cost differently per KV
+position: on the bundled pair a verify row of 3 positions read its KV at 2.5-4x a plain row's
+(issue 43), which one KV coefficient priced at 1.3x, and it priced plain rounds ~60% too high.
 
 Rows include padding (padded positions cost as much as real ones). Drafting by lookup (n-gram, suffix)
 runs no pass but is host time all the same: c_lr per row it drafts for and c_lt per token it adds to
@@ -27,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-FEATURES = ("target_passes", "target_rows", "draft_passes", "draft_rows", "kv_tokens_read")
+FEATURES = ("target_passes", "target_rows", "draft_passes", "draft_rows", "kv_tokens_read", "wide_kv_tokens_read")
 
 
 @dataclass(frozen=True)
@@ -47,34 +53,27 @@ class CostModel:
     # host time of drafting by lookup (n-gram, suffix): per row drafted for, per token indexed
     lookup_rows: float = 0.0
     lookup_tokens: float = 0.0
+    wide_kv_tokens_read: float = 0.0  # added to kv_tokens_read for KV read by rows of several positions
 
     def lookup_ms(self, num_rows: float, num_indexed_tokens: float) -> float:
         return self.lookup_rows * num_rows + self.lookup_tokens * num_indexed_tokens
 
     def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: float = 0,
-                   kv_tokens_read: int = 0) -> float:
+                   kv_tokens_read: int = 0, wide_kv_tokens_read: int = 0) -> float:
         return (self.intercept_ms + self.target_passes * target_passes + self.target_rows * target_rows
                 + self.draft_passes * draft_passes + self.draft_rows * draft_rows
-                + self.kv_tokens_read * kv_tokens_read)
+                + self.kv_tokens_read * kv_tokens_read + self.wide_kv_tokens_read * wide_kv_tokens_read)
+
+    def predict_rounds(self, rounds: pa.Table) -> np.ndarray:
+        """Predicted time of each round of a `rounds` ledger table."""
+        return round_features(rounds) @ np.asarray([self.intercept_ms, *(getattr(self, f) for f in FEATURES)])
 
     @classmethod
     def fit(cls, rounds: pa.Table, source: str = "") -> CostModel:
-        columns = rounds.to_pydict()
-
-        def col(name: str) -> np.ndarray:
-            return np.asarray(columns[name], dtype=float)
-
-        x = np.column_stack([
-            col("num_target_passes"),
-            col("num_target_rows") + col("num_padded_target_rows"),
-            col("num_draft_passes"),
-            col("num_draft_rows") + col("num_padded_draft_rows"),
-            col("num_kv_tokens_read"),
-        ])
-        y = np.asarray(columns["round_ms"], dtype=float)
+        design = round_features(rounds)
+        y = np.asarray(rounds.column("round_ms").to_pylist(), dtype=float)
         if len(y) < 2:
             raise ValueError("need at least two rounds to fit a cost model")
-        design = np.column_stack([np.ones(len(y)), x])
         weights = 1.0 / np.maximum(y, 1e-3)
         coefficients = nonnegative_lstsq(design * weights[:, None], y * weights)
         relative = np.abs(design @ coefficients - y) * weights
@@ -82,9 +81,9 @@ class CostModel:
         if 2 <= typical.sum() < len(y):
             coefficients = nonnegative_lstsq(design[typical] * weights[typical, None], y[typical] * weights[typical])
             relative = np.abs(design @ coefficients - y) * weights
-        intercept, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read = coefficients.tolist()
-        return cls(intercept, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read,
-                   mape=float(np.mean(relative)), num_rounds=len(y), source=source)
+        intercept, *values = coefficients.tolist()
+        return cls(intercept, **dict(zip(FEATURES, values, strict=True)), mape=float(np.mean(relative)),
+                   num_rounds=len(y), source=source)
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -92,6 +91,26 @@ class CostModel:
     @classmethod
     def load(cls, path: Path) -> CostModel:
         return cls(**json.loads(Path(path).read_text()))
+
+
+def round_features(rounds: pa.Table) -> np.ndarray:
+    """[rounds, 1 + FEATURES]: a column of ones (the intercept), then each feature of each round
+    (padding counted as work; a ledger from before wide KV reads were recorded reads 0 there)."""
+    columns = rounds.to_pydict()
+
+    def col(name: str) -> np.ndarray:
+        values = columns.get(name) or [0] * rounds.num_rows
+        return np.asarray([value or 0 for value in values], dtype=float)
+
+    return np.column_stack([
+        np.ones(rounds.num_rows),
+        col("num_target_passes"),
+        col("num_target_rows") + col("num_padded_target_rows"),
+        col("num_draft_passes"),
+        col("num_draft_rows") + col("num_padded_draft_rows"),
+        col("num_kv_tokens_read"),
+        col("num_wide_kv_tokens_read"),
+    ])
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:

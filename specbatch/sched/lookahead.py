@@ -37,6 +37,9 @@ class _Batch:
     lookup_row_ms: float = 0.0  # a lookup's host time per row (`CostModel.lookup_rows`)
     index_token_ms: float = 0.0  # and per token indexed (`CostModel.lookup_tokens`)
     flat: bool = False  # flat passes: a row's step 0 feeds its own lag, not the batch's largest
+    # a flat pass's price per KV position of a row verifying drafts, on top of a plain row's (a bucketed
+    # pass reads every row's KV wide once any row drafts: the batch's cost, not a row's)
+    wide_kv_ms: float = 0.0
     log_alphas: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -78,27 +81,32 @@ class _Batch:
                    [1 + lag / spread for lag, spread in zip(draft_lags, spreads, strict=True)], models,
                    round_cost.draft_position_ms,
                    [lag / spread for lag, spread in zip(index_lags, spreads, strict=True)],
-                   round_cost.cost.lookup_rows, round_cost.cost.lookup_tokens, round_cost.flat)
+                   round_cost.cost.lookup_rows, round_cost.cost.lookup_tokens, round_cost.flat,
+                   wide_kv_ms=round_cost.cost.wide_kv_tokens_read if round_cost.flat else 0.0)
 
     def shape(self, ks: list[int]) -> DecodeShape:
         drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
         lookups = [lag for k, lag, model in zip(ks, self.index_lags, self.models, strict=True) if k > 0 and not model]
+        wide_starts = [start for start, k in zip(self.starts, ks, strict=True) if k > 0]
         return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting),
                            max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting),
-                           self.sum_start, sum(ks), sum(lag for _, lag in drafting), len(lookups), sum(lookups))
+                           self.sum_start, sum(ks), sum(lag for _, lag in drafting), len(lookups), sum(lookups),
+                           len(wide_starts), sum(wide_starts))
 
     def row_terms(self, index: int, rate: float, batch_lag: float = 0.0) -> tuple[float, float, float]:
         """(tokens one more draft position of row `index` costs at `rate` tokens per ms, its lag, and the
         tokens drafting at all costs it): k drafts from a draft model cost the row price·(k − 1 + lag),
         the lag its own (flat passes) or the batch's largest where step 0 pads to it (`batch_lag`); a
-        lookup costs its host time whatever k (`fixed`). Verify positions are the batch's (every row is
-        charged to the largest k), so they are not the row's."""
+        lookup costs its host time whatever k (`fixed`), and any drafting row reads its KV as a wide row
+        (`fixed`, at k = 1: a lower bound, as `_bound` needs). Verify positions are the batch's (every row
+        is charged to the largest k), so they are not the row's."""
+        wide = rate * self.wide_kv_ms * (self.starts[index] + 2)
         if not self.models[index]:
-            return 0.0, 0.0, rate * (self.lookup_row_ms + self.index_token_ms * self.index_lags[index])
+            return 0.0, 0.0, rate * (self.lookup_row_ms + self.index_token_ms * self.index_lags[index]) + wide
         if self.draft_ms <= 0:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, wide
         lag = self.lags[index] if self.flat else max(batch_lag, self.lags[index])
-        return rate * self.draft_ms, lag, 0.0
+        return rate * self.draft_ms, lag, wide
 
     def tokens(self, ks: list[int]) -> float:
         return sum(table[k] for table, k in zip(self.expected, ks, strict=True))
@@ -323,16 +331,17 @@ class SlackLookahead:
         for _, j, i in offers:
             if ks[i] != j - 1:
                 continue
-            trial = _with_draft(shape, j, batch.lags[i])
+            trial = _with_draft(shape, j, batch.lags[i], batch.starts[i])
             if self.ctx.round_cost.decode_ms(trial) <= budget_ms:
                 shape, ks[i] = trial, j
         return ks
 
 
-def _with_draft(shape: DecodeShape, k: int, lag: float) -> DecodeShape:
-    """The shape after one row goes from k − 1 to k drafts."""
+def _with_draft(shape: DecodeShape, k: int, lag: float, start: int) -> DecodeShape:
+    """The shape after one row (its first query position `start`) goes from k − 1 to k drafts."""
     first = k == 1
     return replace(shape, max_k=max(shape.max_k, k), sum_k=shape.sum_k + 1, sum_all_k=shape.sum_all_k + 1,
-                   num_drafting=shape.num_drafting + int(first),
+                   num_drafting=shape.num_drafting + int(first), num_wide=shape.num_wide + int(first),
+                   sum_wide_start=shape.sum_wide_start + (start if first else 0),
                    max_lag=max(shape.max_lag, lag) if first else shape.max_lag,
                    sum_lag=shape.sum_lag + lag if first else shape.sum_lag)

@@ -38,7 +38,7 @@ import numpy as np
 from specbatch.records import RoundRecord
 from specbatch.sched.costmodel import CostModel, nonnegative_lstsq
 
-TARGET = ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read")
+TARGET = ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read", "wide_kv_tokens_read")
 DRAFT = ("draft_passes", "draft_rows", "lookup_rows", "lookup_tokens")
 
 
@@ -55,7 +55,7 @@ class _DraftTiming(NamedTuple):
 
 # columns of the window: the target's features (the intercept's is 1; padding counts as work), the
 # drafting's (draft model: drafting phase and fill together; lookups), then the round's time and drafting's in it
-TARGET_FEATURES, FEATURES, ROUND_MS, DRAFT_MS = slice(0, 4), slice(0, 8), 8, 9
+TARGET_FEATURES, FEATURES, ROUND_MS, DRAFT_MS = slice(0, 5), slice(0, 9), 9, 10
 DRAFT_FEATURES, DRAFT_TIMING_MS = slice(0, 4), 4
 
 
@@ -77,7 +77,7 @@ class OnlineCostFit:
 
     def __post_init__(self) -> None:
         self.current, self._next_refit = self.prior, self.refit_every
-        self._rounds, self.drafted = np.zeros((self.window, 10)), deque(maxlen=self.draft_window)
+        self._rounds, self.drafted = np.zeros((self.window, 11)), deque(maxlen=self.draft_window)
 
     @property
     def rounds(self) -> np.ndarray:
@@ -96,8 +96,8 @@ class OnlineCostFit:
         lookups = (record.num_lookup_rows, record.num_indexed_tokens)
         self._rounds[self.num_seen % self.window] = (
             1.0, record.num_target_passes, record.num_target_rows + record.num_padded_target_rows,
-            record.num_kv_tokens_read, record.num_draft_passes, draft_positions, *lookups, record.round_ms,
-            record.draft_ms + draft_prefill_ms)
+            record.num_kv_tokens_read, record.num_wide_kv_tokens_read, record.num_draft_passes, draft_positions,
+            *lookups, record.round_ms, record.draft_ms + draft_prefill_ms)
         if fill_passes:
             self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_positions, 0, 0, draft_prefill_ms, 0.0))
         model_passes = record.num_draft_passes - fill_passes

@@ -3,11 +3,12 @@ speedup that model allows (issue 43). No torch: the timing itself is `engine/cos
 
 At job start a worker times passes of the shapes the job will run: target verify passes of 1..k + 1
 positions at the row counts it batches (at two KV lengths, which tell attention's price from a
-row's), and the draft model's steps and one fill. `PassProfile.fit` turns those timings into the
+row's, for rows of one position and of several: the kernel prices their KV apart, `costmodel.py`),
+and the draft model's steps and one fill. `PassProfile.fit` turns those timings into the
 `CostModel` every policy reads, by relative least squares with non-negative coefficients as
 `CostModel.fit` does on whole rounds:
 
-    target pass ≈ c_tp + c_tr·rows·query_len + c_kv·rows·kv_len      (rows and length padded)
+    target pass ≈ c_tp + c_tr·rows·query_len + c_kv·rows·kv_len + c_wkv·[query_len > 1]·rows·kv_len
     draft pass  ≈ c_dp + c_dr·positions
 
 A pass timing has no round around it (planning, commit, acceptance): the fitted intercept is 0 and
@@ -60,6 +61,11 @@ class PassTiming:
     def num_positions(self) -> int:
         return self.num_rows * self.query_len
 
+    @property
+    def wide_kv_tokens_read(self) -> int:
+        """KV positions read by rows of several positions (`CostModel.wide_kv_tokens_read`)."""
+        return self.num_rows * self.kv_len if self.query_len > 1 else 0
+
 
 @dataclass
 class PassProfile:
@@ -77,8 +83,9 @@ class PassProfile:
         draft = [t for t in self.timings if t.role == "draft"]
         if not target:
             raise ValueError("a pass profile needs target timings")
-        x = np.asarray([(1.0, t.num_positions, t.num_rows * t.kv_len) for t in target])
-        target_passes, target_rows, kv_tokens_read = _relative_fit(x, np.asarray([t.ms for t in target]))
+        x = np.asarray([(1.0, t.num_positions, t.num_rows * t.kv_len, t.wide_kv_tokens_read) for t in target])
+        target_passes, target_rows, kv_tokens_read, wide_kv_tokens_read = _relative_fit(
+            x, np.asarray([t.ms for t in target]))
         draft_passes, draft_rows = (fallback.draft_passes, fallback.draft_rows) if fallback else (0.0, 0.0)
         if draft:
             x = np.asarray([(1.0, t.num_positions) for t in draft])
@@ -86,7 +93,8 @@ class PassProfile:
         model = CostModel(0.0, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read,
                           num_rounds=0, source=f"measured: {self.description or self.key}",
                           measured_draft=bool(draft), lookup_rows=fallback.lookup_rows if fallback else 0.0,
-                          lookup_tokens=fallback.lookup_tokens if fallback else 0.0)
+                          lookup_tokens=fallback.lookup_tokens if fallback else 0.0,
+                          wide_kv_tokens_read=wide_kv_tokens_read)
         return replace(model, mape=self.error(model))
 
     def error(self, model: CostModel) -> float:
@@ -109,7 +117,8 @@ def pass_ms(model: CostModel, timing: PassTiming) -> float:
     if timing.role == "draft":
         return model.draft_passes + model.draft_rows * timing.num_positions
     return (model.target_passes + model.target_rows * timing.num_positions
-            + model.kv_tokens_read * timing.num_rows * timing.kv_len)
+            + model.kv_tokens_read * timing.num_rows * timing.kv_len
+            + model.wide_kv_tokens_read * timing.wide_kv_tokens_read)
 
 
 def _relative_fit(x: np.ndarray, y: np.ndarray) -> list[float]:
@@ -162,6 +171,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     powers, tokens = [1.0] * num_rows, float(num_rows)  # α_i^K, Σ_i E(α_i, min(K, cap_i))
     num_model, sum_model, sum_all = 0, 0, 0  # rows drafting with a model at K, their drafts, every row's
     num_lookup = sum(1 for cap, model in zip(caps, model_rows, strict=True) if cap >= 1 and not model)
+    wide_starts = [start for start, cap in zip(starts, caps, strict=True) if cap >= 1]  # rows verifying drafts
     for k_max in range(1, max(caps) + 1):
         for i, (alpha, cap) in enumerate(zip(alphas, caps, strict=True)):
             if cap >= k_max:
@@ -171,7 +181,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
                 if model_rows[i]:
                     num_model, sum_model = num_model + (k_max == 1), sum_model + 1
         shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model, sum_start,
-                            sum_all, num_model, num_lookup)
+                            sum_all, num_model, num_lookup, num_wide=len(wide_starts), sum_wide_start=sum(wide_starts))
         speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
         if speedup > best:
             best, best_k = speedup, k_max

@@ -18,7 +18,10 @@ flat batch of real tokens, no row padded to another's length. Then
   its own α̂ (Σ (1 + k_i) priced exactly) drafted rows on noise in that estimate, 3.5 % slower than
   one k for the batch in a simulated job where drafting pays (tests/test_adaptive_learns_cost.py);
 - draft model: draft rows = Σ lag_i + Σ (k_i − 1) over the rows it drafts for, passes = max k.
-The plain round then prices each row's own KV, not the longest row's for every row.
+The plain round then prices each row's own KV, not the longest row's for every row. A row verifying
+drafts reads its KV as a wide row (`CostModel.wide_kv_tokens_read`): wide KV = Σ over rows with k ≥ 1
+of (start_i + 1 + max k), each at the batch's largest k as above; a bucketed pass of K ≥ 1 reads all
+of its KV wide. Prefill chunks are wide rows too.
 
 Drafting by lookup (n-gram, suffix) runs no pass, but its host time is in the round all the same:
     lookup ms = c_lr · rows drafting by lookup + c_lt · tokens their indexes catch up on
@@ -53,6 +56,8 @@ class DecodeShape:
     sum_lag: float = 0  # Σ draft-cache lag over drafting rows (a flat draft step feeds each its own)
     num_lookup: int = 0  # rows drafting by lookup (k ≥ 1, no model): host time, no pass
     sum_index_lag: float = 0  # Σ tokens their indexes catch up on (`index_lag`)
+    num_wide: int = 0  # rows verifying drafts (k ≥ 1, either kind): they read their KV as wide rows
+    sum_wide_start: int = 0  # Σ num_computed over those rows
 
     @classmethod
     def of(cls, rows: list[Row], ks: list[int], models: list[bool] | None = None,
@@ -74,6 +79,9 @@ class DecodeShape:
         self.max_k = max(self.max_k, k)
         self.sum_start += start
         self.sum_all_k += k
+        if k > 0:
+            self.num_wide += 1
+            self.sum_wide_start += start
         if k > 0 and model:
             self.num_drafting += 1
             self.max_lag = max(self.max_lag, lag)
@@ -117,26 +125,29 @@ class RoundCostModel:
         if self.flat:
             rows = shape.num_rows * (1 + shape.max_k)
             kv = shape.sum_start + rows
+            wide_kv = shape.sum_wide_start + shape.num_wide * (1 + shape.max_k)
         else:
             rows, kv = self.verify_terms(shape.num_rows, 1 + shape.max_k, shape.max_start)
+            wide_kv = kv if shape.max_k > 0 else 0
         draft_passes, draft_positions = 0, 0.0
         if self.uses_draft_model and shape.max_k > 0 and shape.num_drafting > 0:  # (a lookup's drafts run no model)
             draft_passes = shape.max_k
             lags = shape.sum_lag if self.flat else shape.num_drafting * shape.max_lag
             draft_positions = lags + shape.sum_k - shape.num_drafting
         lookup_ms = self.cost.lookup_ms(shape.num_lookup, shape.sum_index_lag)
-        return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv) + lookup_ms
+        return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv, wide_kv) + lookup_ms
 
     def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int) -> float:
         """What one prefill pass adds to a round (no intercept: the round pays that once)."""
         if num_rows == 0 or max_chunk <= 0:
             return 0.0
         c = self.cost
+        kv_ms = c.kv_tokens_read + (c.wide_kv_tokens_read if max_chunk > 1 else 0.0)
         if self.flat:  # in the verify pass: its positions and their KV (each row read to at most max_start)
-            extra = c.target_rows * sum_chunk + c.kv_tokens_read * (num_rows * max_start + sum_chunk)
+            extra = c.target_rows * sum_chunk + kv_ms * (num_rows * max_start + sum_chunk)
         else:
             rows, kv = self.verify_terms(num_rows, max_chunk, max_start)
-            extra = c.target_passes + c.target_rows * rows + c.kv_tokens_read * kv
+            extra = c.target_passes + c.target_rows * rows + kv_ms * kv
         if self.uses_draft_model:
             extra += c.draft_passes + c.draft_rows * sum_chunk
         return extra
@@ -159,13 +170,14 @@ class RoundCostModel:
     def recompute_ms(self, num_tokens: int) -> float:
         """Marginal time to re-prefill num_tokens positions after a preemption by recompute."""
         c = self.cost
-        return (c.target_rows + self.draft_position_ms + c.kv_tokens_read * num_tokens / 2) * num_tokens
+        kv_ms = c.kv_tokens_read + c.wide_kv_tokens_read
+        return (c.target_rows + self.draft_position_ms + kv_ms * num_tokens / 2) * num_tokens
 
     def row_share_ms(self, batch_rows: int, k: int, kv_len: int) -> tuple[float, float]:
         """(t_verify, t_draft): one row's share of a verify pass with k drafts, and of one draft step,
         in a batch of batch_rows rows (per-pass costs split evenly; per-row costs whole)."""
         c, batch = self.cost, max(1, batch_rows)
         t_verify = ((c.intercept_ms + c.target_passes) / batch + c.target_rows * (1 + k)
-                    + c.kv_tokens_read * kv_len)
+                    + (c.kv_tokens_read + (c.wide_kv_tokens_read if k else 0.0)) * kv_len)
         t_draft = (c.draft_passes / batch + c.draft_rows) if self.uses_draft_model else 0.0
         return t_verify, t_draft

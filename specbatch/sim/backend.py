@@ -148,9 +148,7 @@ class SimBackend:
         return outcome
 
     def _prefill_shape(self, work: list[tuple[Row, int]]) -> PassShape:
-        sizes = [size for _, size in work]
-        return self._pass_shape(len(work), max(row.num_computed + size for row, size in work), max(sizes), sum(sizes),
-                                sum(row.num_computed + size for row, size in work))
+        return PassShape.flat([row.num_computed for row, _ in work], [size for _, size in work])
 
     def _draft_prefill_positions(self, work: list[tuple[Row, int]], draft_prefill: bool) -> int:
         """The drafter's cache is filled alongside, up to the same end, where it is current."""
@@ -202,7 +200,7 @@ class SimBackend:
         log_alphas, drafts, log, num_fed = self._log_alphas, self._drafts, math.log, proposals.num_fed
         indexed_to, match_rates, drafter_log_alphas = proposals.indexed_to, self.match_rates, self._drafter_log_alphas
         outcomes = []
-        max_end = num_positions = max_len = 0
+        max_end = num_positions = max_len = wide_kv = 0
         for index, (row, planned_k) in enumerate(decode):
             request_id, position = row.request_id, len(row.token_ids) - row.num_prompt_tokens
             k = planned_k
@@ -213,6 +211,8 @@ class SimBackend:
             if k >= max_len:
                 max_len = 1 + k
             num_positions += 1 + k
+            if k:
+                wide_kv += starts[index] + 1 + k
             if drafter_log_alphas is not None:  # as below, under the row's drafter
                 u, log_alpha = 1.0 - rngs[request_id].random(), drafter_log_alphas[request_id].get(self._kind(row), 0.0)
                 num_accepted = k if log_alpha == 0.0 else min(k, int(log(u) / log_alpha))
@@ -231,20 +231,14 @@ class SimBackend:
             proposed = drafts.get(k) or drafts.setdefault(k, [SIM_TOKEN_ID] * k)  # shared, never mutated
             outcomes.append(RowOutcome(row, planned_k, proposed, num_accepted, emitted, num_fed[index],
                                        num_indexed=indexed_to[index] if indexed_to else 0))
-        return outcomes, self._pass_shape(len(decode), max_end, max_len, num_positions,
-                                          sum(starts) + num_positions)
+        return outcomes, PassShape(len(decode), len(decode), max_len, max_end, num_positions, flat_padded_positions=0,
+                                   flat_kv_tokens_read=sum(starts) + num_positions, flat_wide_kv_tokens_read=wide_kv)
 
     def _kind(self, row: Row) -> str:
         return row.drafter if row.drafter in self.kinds else self.kinds[0]
 
     def _drafts_with_model(self, row: Row) -> bool:
         return self._kind(row) in self.model_kinds
-
-    def _pass_shape(self, num_rows: int, kv_len: int, max_len: int, num_positions: int, kv_read: int
-                    ) -> PassShape:
-        """A flat pass, as `engine/forward.py` runs it: no row padded, each reading its own KV."""
-        return PassShape(num_rows, num_rows, max_len, kv_len, num_positions, flat_padded_positions=0,
-                         flat_kv_tokens_read=kv_read)
 
     def _split_ms(self, outcome: RoundOutcome) -> tuple[float, float, float, float]:
         """(prefill, draft prefill, draft, verify) ms, booked as the real backend times them: the draft
@@ -278,7 +272,7 @@ class SimBackend:
 
 def _pass_ms(cost: CostModel, shape: PassShape) -> float:
     return (cost.target_passes + cost.target_rows * (shape.num_real_positions + shape.num_padded_positions)
-            + cost.kv_tokens_read * shape.num_kv_tokens_read)
+            + cost.kv_tokens_read * shape.num_kv_tokens_read + cost.wide_kv_tokens_read * shape.num_wide_kv_tokens_read)
 
 
 def sim_decode(token_ids: list[int]) -> str:
