@@ -65,19 +65,20 @@ def test_a_drafter_that_pays_reaches_the_best_fixed_k(tmp_path):
 @pytest.mark.parametrize("drafts", [True, False])
 def test_the_fit_recovers_round_costs_and_keeps_unmeasured_draft_costs(drafts):
     truth = CostModel(intercept_ms=2.0, target_passes=1.5, target_rows=0.1, draft_passes=0.7, draft_rows=0.02,
-                      kv_tokens_read=0.001)
+                      kv_tokens_read=0.001, wide_kv_tokens_read=0.002)
     fit = OnlineCostFit(CPU_DEMO_PROFILE, refit_every=1)
     base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
     for i in range(64):
         rows, passes, kv = 8 + (i * 7) % 29, 1 + i % 2, 300 + (i * 53) % 900
+        wide_kv = kv * (i % 3) // 3  # a third of the rounds plain, the rest with some rows verifying drafts
         draft_passes, draft_rows = (1 + i % 4, 8 + (i * 5) % 17) if drafts else (0, 0)
         draft_ms = truth.draft_passes * draft_passes + truth.draft_rows * draft_rows
-        round_ms = truth.predict_ms(passes, rows, draft_passes, draft_rows, kv)
+        round_ms = truth.predict_ms(passes, rows, draft_passes, draft_rows, kv, wide_kv)
         fit.observe(replace(base, num_target_passes=passes, num_target_rows=rows, num_kv_tokens_read=kv,
-                            num_draft_passes=draft_passes, num_draft_rows=draft_rows, draft_ms=draft_ms,
-                            round_ms=round_ms), 0)
+                            num_wide_kv_tokens_read=wide_kv, num_draft_passes=draft_passes,
+                            num_draft_rows=draft_rows, draft_ms=draft_ms, round_ms=round_ms), 0)
     learnt = fit.current
-    for name in ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read"):
+    for name in ("intercept_ms", "target_passes", "target_rows", "kv_tokens_read", "wide_kv_tokens_read"):
         assert getattr(learnt, name) == pytest.approx(getattr(truth, name), rel=0.05), name
     expected = truth if drafts else CPU_DEMO_PROFILE
     assert learnt.draft_passes == pytest.approx(expected.draft_passes, rel=0.05)

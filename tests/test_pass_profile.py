@@ -4,9 +4,12 @@ and the speedup limit it implies. No model runs here except in the one engine te
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import pyarrow as pa
 import pytest
 
+from specbatch.core import PassShape
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.pass_profile import (
@@ -14,21 +17,23 @@ from specbatch.sched.pass_profile import (
     PassTiming,
     cached_profile,
     no_alpha_pays,
+    pass_ms,
     save_profile,
     speedup_limit,
 )
 from specbatch.sched.roundcost import DecodeShape, RoundCostModel
 
-# A model with known coefficients; recorded times are its predictions (± a fixed 1 % wobble)
+# A model with known coefficients; recorded times are its predictions (± a fixed 1 % wobble). A row of
+# several positions reads its KV at 3x a one-position row's price, as the paged kernel's lanes do
 TRUE = CostModel(0.0, target_passes=20.0, target_rows=0.05, draft_passes=4.0, draft_rows=0.01,
-                 kv_tokens_read=0.0005)
+                 kv_tokens_read=0.0005, wide_kv_tokens_read=0.001)
 
 
 def recorded(model: CostModel = TRUE) -> PassProfile:
     timings = []
     for i, (rows, query_len, kv_len) in enumerate((r, q, kv) for r in (1, 4, 16, 32) for q in (1, 2, 5, 9)
                                                   for kv in (32, 544)):
-        ms = model.target_passes + model.target_rows * rows * query_len + model.kv_tokens_read * rows * kv_len
+        ms = pass_ms(model, PassTiming("target", rows, query_len, kv_len, 0.0))
         timings.append(PassTiming("target", rows, query_len, kv_len, ms * (1.01 if i % 2 else 0.99)))
     for rows, query_len in ((1, 1), (4, 1), (16, 1), (32, 1), (1, 64)):
         timings.append(PassTiming("draft", rows, query_len, 32,
@@ -42,6 +47,8 @@ def test_fit_recovers_the_pass_costs_and_is_deterministic():
     assert first.intercept_ms == 0.0 and first.measured_draft
     assert first.target_passes == pytest.approx(20.0, rel=0.05)
     assert first.target_rows == pytest.approx(0.05, rel=0.3)
+    assert first.kv_tokens_read == pytest.approx(0.0005, rel=0.3)
+    assert first.wide_kv_tokens_read == pytest.approx(0.001, rel=0.3)  # one KV price cannot fit both kinds
     assert first.draft_passes == pytest.approx(4.0, rel=1e-6)
     assert first.draft_rows == pytest.approx(0.01, rel=1e-6)
     assert first.mape is not None and first.mape < 0.02
@@ -106,3 +113,37 @@ def test_a_flat_pass_prices_each_rows_own_kv_and_charges_every_row_to_the_larges
     assert flat.decode_ms(shape) == pytest.approx(1 + 2 + 0.5 * 12 + 0.01 * 102 + 3 * 3 + 0.25 * 8)
     padded = RoundCostModel(cost)  # every row reads the longest row's KV, and step 0 pads to the largest lag
     assert padded.decode_ms(shape) == pytest.approx(1 + 2 + 0.5 * 12 + 0.01 * 3 * 54 + 3 * 3 + 0.25 * (2 * 4 + 3))
+    # rows verifying drafts read their KV again at the wide price: in a flat pass only those rows (each to
+    # 1 + the largest k past its start), in a bucketed pass every row once any row drafts
+    wide = replace(cost, wide_kv_tokens_read=0.02)
+    assert RoundCostModel(wide, flat=True).decode_ms(shape) == pytest.approx(
+        flat.decode_ms(shape) + 0.02 * ((10 + 4) + (50 + 4)))
+    assert RoundCostModel(wide).decode_ms(shape) == pytest.approx(padded.decode_ms(shape) + 0.02 * 3 * 54)
+    plain = DecodeShape()
+    for start in (10, 30, 50):
+        plain.add(start, 0)
+    assert RoundCostModel(wide, flat=True).decode_ms(plain) == pytest.approx(flat.decode_ms(plain))
+
+
+def test_a_flat_pass_counts_the_kv_its_rows_of_several_positions_read():
+    shape = PassShape.flat([0, 10, 20], [5, 1, 3])  # a prefill chunk, a plain row, a row verifying 2 drafts
+    assert (shape.num_kv_tokens_read, shape.num_wide_kv_tokens_read) == (5 + 11 + 23, 5 + 23)
+    assert PassShape.flat([7, 9], [1, 1]).num_wide_kv_tokens_read == 0
+
+
+def test_a_ledger_fit_prices_wide_kv_apart_and_reads_ledgers_from_before_it():
+    truth = CostModel(1.0, target_passes=2.0, target_rows=0.05, draft_passes=0.0, draft_rows=0.0,
+                      kv_tokens_read=0.0005, wide_kv_tokens_read=0.0015)
+    rows = []
+    for i in range(40):
+        kv = 200 + 37 * i
+        wide = kv if i % 2 else 0
+        rows.append({"num_target_passes": 1, "num_target_rows": 8 + i % 5, "num_padded_target_rows": 0,
+                     "num_draft_passes": 0, "num_draft_rows": 0, "num_padded_draft_rows": 0,
+                     "num_kv_tokens_read": kv, "num_wide_kv_tokens_read": wide,
+                     "round_ms": truth.predict_ms(1, 8 + i % 5, 0, 0, kv, wide)})
+    fitted = CostModel.fit(pa.Table.from_pylist(rows))
+    assert fitted.kv_tokens_read == pytest.approx(0.0005, rel=0.01)
+    assert fitted.wide_kv_tokens_read == pytest.approx(0.0015, rel=0.01)
+    older = pa.Table.from_pylist([{k: v for k, v in row.items() if k != "num_wide_kv_tokens_read"} for row in rows])
+    assert CostModel.fit(older).wide_kv_tokens_read == 0.0

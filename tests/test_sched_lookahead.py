@@ -4,6 +4,7 @@ and the cost model's fit (no model)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -114,8 +115,9 @@ def test_the_bound_that_skips_a_largest_k_holds_for_every_plan_with_it():
     rng = random.Random(0)
     for trial in range(300):
         cost = CostModel(*(rng.uniform(0.0, 4.0) for _ in range(2)), rng.uniform(0.0, 0.3), rng.uniform(0.0, 4.0),
-                         rng.uniform(0.0, 0.3), rng.uniform(0.0, 0.01))
-        ctx = SchedContext(round_cost=RoundCostModel(cost, uses_draft_model=trial % 5 != 0), max_lookahead=6)
+                         rng.uniform(0.0, 0.3), rng.uniform(0.0, 0.01), wide_kv_tokens_read=rng.uniform(0.0, 0.02))
+        round_cost = RoundCostModel(cost, uses_draft_model=trial % 5 != 0, flat=trial % 2 == 0)
+        ctx = SchedContext(round_cost=round_cost, max_lookahead=6)
         rows = []
         for i in range(rng.randint(1, 24)):
             accepted = rng.randint(0, 4)
@@ -135,6 +137,18 @@ def test_the_bound_that_skips_a_largest_k_holds_for_every_plan_with_it():
                 continue
             value = batch.tokens(ks) - rate * ctx.round_cost.decode_ms(batch.shape(ks))
             assert policy._bound(batch, k_max, rate) >= value - 1e-9
+
+
+def test_adaptive_pays_for_the_kv_that_rows_verifying_drafts_read():
+    """The paged kernel reads a verify row's KV at another price than a plain row's (issue 43: 2-4x on
+    the bundled pair at 128 rows, long few-shot contexts). Priced, drafting at α 0.5 stops paying there;
+    with that price folded into the plain rows' KV it looked worth k = 1-2 for every row."""
+    rows = [make_row(f"r{i}", 600, 100, history=[(2, 4)] * 10, num_output=10) for i in range(128)]
+    base = CostModel(0.0, 2.0, 0.02, 0.5, 0.004, kv_tokens_read=0.0002)
+    one_price = AdaptiveLookahead(SchedContext(round_cost=RoundCostModel(base, flat=True), max_lookahead=4))
+    assert min(one_price.choose(rows, [4] * 128)) > 0
+    wide = RoundCostModel(replace(base, wide_kv_tokens_read=0.0004), flat=True)
+    assert AdaptiveLookahead(SchedContext(round_cost=wide, max_lookahead=4)).choose(rows, [4] * 128) == [0] * 128
 
 
 def test_admission_prices_rows_at_the_first_plans_k_not_the_initial_guess():
