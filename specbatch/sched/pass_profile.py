@@ -197,8 +197,9 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
     round_cost, starts = ctx.round_cost, [row.num_computed for row in rows]
     models = [ctx.drafts_with_model(row) for row in rows]
     plan.plain_ms = round_cost.decode_ms(DecodeShape.of(rows, [0] * len(rows)))
-    plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [k for _, k in plan.decode], models,
-                                                            [ctx.index_lag(row) for row in rows]))
+    ks = [k for _, k in plan.decode]
+    plan.predicted_ms = plan.plain_ms if not any(ks) else round_cost.decode_ms(
+        DecodeShape.of(rows, ks, models, [ctx.index_lag(row) for row in rows]))
     plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, starts,
                                           models)
 

@@ -209,8 +209,8 @@ class Scheduler:
     def _plan_decode(self, plan: RoundPlan, rows: list[Row]) -> int:
         budget = self.limits.max_round_tokens
         caps = [self.cap(r) for r in rows]
-        # where the job has several
-        choose_drafters(self.ctx.alphas, self.ctx.round_cost, rows, caps, index_lag=self.ctx.index_lag)
+        if self.ctx.draft.drafts_this_round:  # in the gate's plain rounds no row drafts: nothing to choose
+            choose_drafters(self.ctx.alphas, self.ctx.round_cost, rows, caps, index_lag=self.ctx.index_lag)
         for row, k in zip(rows, self.lookahead.choose(rows, caps), strict=True):
             if budget < 1:
                 break
