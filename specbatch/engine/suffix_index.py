@@ -10,6 +10,11 @@ probability is estimated as its node's count over its parent's.
 Sequences grow one token at a time (a running row's own tokens) and leave in the order they came
 (the job-wide index forgets its oldest sequences past `max_tokens`): nodes never exceed
 `max_depth` × the tokens indexed, whatever the length of the job.
+
+A row whose prompt starts with a block other rows share (an instruction, a few-shot block) need not
+index it again: `PrimedSuffixIndex` holds only the substrings that end after the shared prefix and
+drafts over the union with the prefix's index (counts summed), which is the index of the whole
+sequence, node for node and count for count, so its drafts are the same (tests/test_suffix_index.py).
 """
 
 from __future__ import annotations
@@ -83,33 +88,63 @@ class SuffixIndex:
         """The likeliest continuation of `context`'s longest indexed suffix: at most `max_tokens`
         tokens, at most `spec_factor` × the match length (a short match is weak evidence), and only
         while the estimated probability of the whole continuation stays at least `min_prob`."""
-        if max_tokens <= 0:
-            return SuffixDraft([], [], 0)
-        longest = min(len(context), max(1, self.max_depth - max_tokens))  # leave the match room to continue
-        match_len = bisect_left(range(1, longest + 1), True, key=lambda m: self._walk(context[-m:]) is None)
-        node = self._walk(context[len(context) - match_len :]) if match_len else None
-        draft = SuffixDraft([], [], match_len)
-        limit = min(max_tokens, int(spec_factor * match_len), self.max_depth - match_len)
-        prob = 1.0
-        while node is not None and node.children and len(draft.token_ids) < limit:
-            token, child = max(node.children.items(), key=lambda item: item[1].count)
-            prob *= child.count / node.count
-            if prob < min_prob:
-                break
-            draft.token_ids.append(token)
-            draft.probs.append(prob)
-            node = child
-        return draft
+        return draft_from([self.root], self.max_depth, context, max_tokens, min_prob, spec_factor)
 
-    def _walk(self, tokens: list[int]) -> _Node | None:
-        node = self.root
+
+def draft_from(roots: list[_Node], max_depth: int, context: list[int], max_tokens: int, min_prob: float,
+               spec_factor: float) -> SuffixDraft:
+    """`SuffixIndex.draft` over the union of tries (a node's count the sum of its counts in each; ties
+    between continuations go to the one first indexed, as in one trie)."""
+    if max_tokens <= 0:
+        return SuffixDraft([], [], 0)
+    longest = min(len(context), max(1, max_depth - max_tokens))  # leave the match room to continue
+    match_len = bisect_left(range(1, longest + 1), True, key=lambda m: not _walk(roots, context[-m:]))
+    nodes = _walk(roots, context[len(context) - match_len :]) if match_len else []
+    draft = SuffixDraft([], [], match_len)
+    limit = min(max_tokens, int(spec_factor * match_len), max_depth - match_len)
+    prob = 1.0
+    while nodes and len(draft.token_ids) < limit:
+        counts: dict[int, int] = {}
+        for node in nodes:
+            for token, child in (node.children or {}).items():
+                counts[token] = counts.get(token, 0) + child.count
+        if not counts:
+            break
+        token = max(counts, key=counts.__getitem__)
+        prob *= counts[token] / sum(node.count for node in nodes)
+        if prob < min_prob:
+            break
+        draft.token_ids.append(token)
+        draft.probs.append(prob)
+        nodes = [child for node in nodes if node.children and (child := node.children.get(token)) is not None]
+    return draft
+
+
+def _walk(roots: list[_Node], tokens: list[int]) -> list[_Node]:
+    """The nodes of `tokens`' path in each trie that has it (empty: no trie has it)."""
+    found = []
+    for node in roots:
         for token in tokens:
             child = node.children.get(token) if node.children else None
             if child is None:
-                return None
+                break
             node = child
-        return node
+        else:
+            found.append(node)
+    return found
 
+
+
+def _child(node: _Node, token: int) -> tuple[_Node, int]:
+    """`node`'s child for `token`, created (count 0: a path held for what extends it) if new."""
+    children = node.children
+    if children is None:
+        children = node.children = {}
+    child = children.get(token)
+    if child is None:
+        child = children[token] = _Node()
+        return child, 1
+    return child, 0
 
 
 def _count_child(node: _Node, token: int) -> tuple[_Node, int]:
@@ -141,13 +176,15 @@ class GrowingSuffixIndex(SuffixIndex):
         super().__init__(max_depth)
         self.frontier: list[_Node] = []  # the path ends of the last max_depth − 1 starts
 
-    def extend(self, token_ids: list[int]) -> None:
+    def extend(self, token_ids: list[int], counted: bool = True) -> None:
+        """Append tokens; uncounted (`PrimedSuffixIndex`), their paths are only laid for later tokens."""
         frontier, root, created, longest = self.frontier, self.root, 0, self.max_depth - 1
+        step = _count_child if counted else _child
         for token in token_ids:
             frontier.append(root)
             ends = []
             for node in frontier:
-                child, made = _count_child(node, token)
+                child, made = step(node, token)
                 created += made
                 ends.append(child)
             if len(ends) > longest:  # that start's substring is max_depth long: it ends here
@@ -156,6 +193,22 @@ class GrowingSuffixIndex(SuffixIndex):
         self.frontier = frontier
         self.num_nodes += created
         self.num_tokens += len(token_ids)
+
+
+class PrimedSuffixIndex(GrowingSuffixIndex):
+    """The index of a sequence that starts with a prefix indexed elsewhere (`prefix`, a shared
+    `GrowingSuffixIndex` of exactly those tokens): it counts only the substrings that end after the
+    prefix. Its paths through the prefix's last max_depth − 1 tokens are laid with count 0, so that the
+    substrings starting there and ending later extend them; drafts read the union of both tries."""
+
+    def __init__(self, prefix: GrowingSuffixIndex, prefix_tokens: list[int]) -> None:
+        super().__init__(prefix.max_depth)
+        self.prefix = prefix
+        self.extend(prefix_tokens[max(0, len(prefix_tokens) - self.max_depth + 1) :], counted=False)
+        self.num_tokens = len(prefix_tokens)  # of the sequence: the prefix is held, if not here
+
+    def draft(self, context: list[int], max_tokens: int, min_prob: float, spec_factor: float) -> SuffixDraft:
+        return draft_from([self.prefix.root, self.root], self.max_depth, context, max_tokens, min_prob, spec_factor)
 
 
 class BoundedSuffixIndex(SuffixIndex):
