@@ -149,3 +149,44 @@ def test_rows_join_and_leave_mid_run(tiny_pair, repeated_requests):
     engine.run()
     assert_exact({r.request_id: r for r in rows}, refs)
     assert sum(r.num_accepted for r in rows) > 0
+
+
+def test_rows_that_share_a_prompt_block_index_it_once_and_draft_as_if_each_held_it():
+    drafter = SuffixDrafter(DrafterConfig(kind="suffix", suffix_max_depth=8))
+    rng = random.Random(3)
+    block = [rng.randrange(50) for _ in range(150)]  # shared as 128 tokens: two granules of 64
+    rows = [Row(f"r{i}", block + [rng.randrange(50) for _ in range(20)], SamplingParams(max_new_tokens=8))
+            for i in range(4)]
+    indexed = []
+    for row in rows:
+        before = drafter.num_indexed
+        draft = drafter.best_draft(row, 4)
+        indexed.append(drafter.num_indexed - before)
+        whole = GrowingSuffixIndex(8)
+        whole.extend(row.token_ids[:-1])
+        assert draft == whole.draft(row.token_ids, 4, drafter.min_prob, drafter.spec_factor)
+    # the first row indexes itself whole; the second builds the shared 128 tokens and primes past them
+    # (7 lead-in tokens); the rest only prime and index their own 41 tokens
+    assert indexed == [169, 128 + 7 + 41, 7 + 41, 7 + 41]
+    assert [p.num_rows for p in drafter.prefixes.entries.values()] == [3]
+    for row in rows:
+        drafter.forget(row)
+    assert [p.num_rows for p in drafter.prefixes.entries.values()] == [0]  # idle, kept for later rows
+    later = Row("later", block + [1, 2, 3], SamplingParams(max_new_tokens=8))
+    before = drafter.num_indexed
+    drafter.best_draft(later, 4)
+    assert drafter.num_indexed - before == 7 + 150 - 128 + 2
+
+
+def test_greedy_exact_with_rows_sharing_a_long_prompt_block(tiny_pair):
+    tokenizer, rng = tiny_pair[2], random.Random(4)
+    block = [rng.randrange(3, 300) for _ in range(40)] * 4  # a few-shot block: 160 tokens that repeat
+    requests = [(block + [rng.randrange(3, 300) for _ in range(5)], 16) for _ in range(9)]
+    models = load_models(tiny_config(tiny_pair))
+    refs = [greedy_reference(models.target, p, m, tokenizer.eos_token_id, tokenizer.pad_token_id) for p, m in requests]
+    config = tiny_config(tiny_pair, "drafter.kind=suffix", "scheduler.max_batch_rows=4",
+                         "scheduler.lookahead=fixed:4", "scheduler.prefill_chunk=fixed:64")
+    rows, recorder, engine = run_engine(config, requests, models=models)
+    assert_exact(rows, refs)
+    assert sum(r.num_accepted for r in recorder.rounds) > 0
+    assert [len(prefix.tokens) for prefix in engine.backend.drafter.prefixes.entries.values()] == [128]

@@ -14,18 +14,92 @@ output waits until the next draft to join the job's (in the same order, so the i
 so that plain decoding, where the policy chooses it, pays no indexing. Indexing is host time inside
 the drafting phase: `propose` reports the tokens it indexed and how far each row's own index reaches,
 which the round-time model prices (`sched/roundcost.py`).
+
+What rows' prompts share (an instruction, a few-shot block) is indexed once (`SharedPrefixes`): a
+row's own index is then primed past the shared prefix (`PrimedSuffixIndex`), and its drafts are those
+of an index of all its tokens. SmolLM2 on few-shot prompts at 32 rows indexed 46,000 prompt tokens,
+64 rows × a ~560-token block three blocks shared, 0.7-0.9 s of a 16 s job (issue 43).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 from specbatch.config import DrafterConfig
 from specbatch.core import Proposals, Row, Status
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import NoDrafter
 from specbatch.engine.forward import RowCache
-from specbatch.engine.suffix_index import BoundedSuffixIndex, GrowingSuffixIndex, SuffixDraft
+from specbatch.engine.suffix_index import BoundedSuffixIndex, GrowingSuffixIndex, PrimedSuffixIndex, SuffixDraft
+
+PREFIX_GRANULE = 64  # tokens: prompts are compared at prefixes of whole multiples of this
+MAX_IDLE_PREFIXES = 8  # shared prefixes kept while no row uses them (the next rows may)
+MAX_SEEN_PREFIXES = 4096  # prefix keys of recent rows remembered, to tell when a second row shares one
+
+
+@dataclass
+class SharedPrefix:
+    key: int
+    tokens: list[int]
+    index: GrowingSuffixIndex
+    num_rows: int = 0  # rows whose own index is primed on it
+
+
+class SharedPrefixes:
+    """Indexes of prompt prefixes that several rows start with, each built once. A prefix (a whole
+    number of `PREFIX_GRANULE`s) becomes shared when a row starts with one a recent row started with:
+    the longest such. Held while rows use it, then among the last `MAX_IDLE_PREFIXES` idle ones."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.entries: dict[int, SharedPrefix] = {}  # by prefix key
+        self.idle: OrderedDict[int, None] = OrderedDict()  # keys of entries no row uses, oldest first
+        self.seen: OrderedDict[int, None] = OrderedDict()  # prefix keys of recent rows, oldest first
+
+    def acquire(self, prompt: list[int]) -> tuple[SharedPrefix | None, int]:
+        """The shared prefix for a new row index over `prompt` (counted as used), or None; and the
+        tokens indexed to build it (0 if it was there)."""
+        keys = _prefix_keys(prompt)
+        for length, key in reversed(keys):
+            entry = self.entries.get(key)
+            if entry is not None and entry.tokens == prompt[:length]:  # (a key's collision is no match)
+                return self._use(entry), 0
+        for length, key in reversed(keys):
+            if key in self.seen and key not in self.entries:
+                index = GrowingSuffixIndex(self.max_depth)
+                index.extend(prompt[:length])
+                return self._use(SharedPrefix(key, prompt[:length], index)), length
+        for _, key in keys:
+            self.seen[key] = None
+            self.seen.move_to_end(key)
+        while len(self.seen) > MAX_SEEN_PREFIXES:
+            self.seen.popitem(last=False)
+        return None, 0
+
+    def release(self, entry: SharedPrefix) -> None:
+        entry.num_rows -= 1
+        if entry.num_rows > 0:
+            return
+        self.idle[entry.key] = None
+        while len(self.idle) > MAX_IDLE_PREFIXES:
+            del self.entries[self.idle.popitem(last=False)[0]]
+
+    def _use(self, entry: SharedPrefix) -> SharedPrefix:
+        self.entries[entry.key] = entry
+        self.idle.pop(entry.key, None)
+        entry.num_rows += 1
+        return entry
+
+
+def _prefix_keys(prompt: list[int]) -> list[tuple[int, int]]:
+    """(length, key) of each prefix of whole granules, shortest first: keys chained granule by granule,
+    so all cost one pass over the prompt (ints and tuples hash the same in every process)."""
+    keys, key = [], 0
+    for end in range(PREFIX_GRANULE, len(prompt) + 1, PREFIX_GRANULE):
+        key = hash((key, tuple(prompt[end - PREFIX_GRANULE : end])))
+        keys.append((end, key))
+    return keys
 
 
 class SuffixDrafter(NoDrafter):
@@ -35,19 +109,23 @@ class SuffixDrafter(NoDrafter):
         self.job_index = BoundedSuffixIndex(config.suffix_max_depth, config.suffix_max_tokens)
         self.row_indexes: dict[str, GrowingSuffixIndex] = {}
         self.completed: deque[list[int]] = deque()  # completed rows' tokens the job index has yet to take
+        self.prefixes = SharedPrefixes(config.suffix_max_depth)
+        self.row_prefixes: dict[str, SharedPrefix] = {}  # the shared prefix each row's index is primed on
+        self.num_indexed = 0  # tokens the rows' indexes (and shared prefixes) have taken, for `propose`
 
     def forget(self, row: Row) -> None:
         self.row_indexes.pop(row.request_id, None)
+        self._release_prefix(row.request_id)
         if row.status is Status.COMPLETED and row.num_output_tokens:
             self.completed.append(row.token_ids[max(0, row.num_prompt_tokens - self.max_depth + 1) :])
 
     def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         num_job_tokens = self._index_completed() if any(ks) else 0  # (best_draft would, uncounted)
-        before = [self._num_indexed(row) if k > 0 else 0 for row, k in zip(rows, ks, strict=True)]
+        indexed_before = self.num_indexed
         tokens = [self.best_draft(row, k).token_ids if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         indexed_to = [self._num_indexed(row) if k > 0 else 0 for row, k in zip(rows, ks, strict=True)]
-        num_row_tokens = sum(max(0, after - b) for after, b in zip(indexed_to, before, strict=True))
+        num_row_tokens = self.num_indexed - indexed_before
         return Proposals(tokens, [None for _ in rows], [0 for _ in rows], num_lookup_rows=sum(k > 0 for k in ks),
                          num_indexed_tokens=num_job_tokens + num_row_tokens, indexed_to=indexed_to)
 
@@ -81,6 +159,23 @@ class SuffixDrafter(NoDrafter):
         itself, only earlier occurrences of its suffix."""
         index = self.row_indexes.get(row.request_id)
         if index is None or index.num_tokens > row.num_tokens - 1:  # new, or its tokens were cut back
-            index = self.row_indexes[row.request_id] = GrowingSuffixIndex(self.max_depth)
-        index.extend(row.token_ids[index.num_tokens : row.num_tokens - 1])
+            index = self.row_indexes[row.request_id] = self._new_row_index(row)
+        new_tokens = row.token_ids[index.num_tokens : row.num_tokens - 1]
+        index.extend(new_tokens)
+        self.num_indexed += len(new_tokens)
         return index
+
+    def _new_row_index(self, row: Row) -> GrowingSuffixIndex:
+        """Primed past the longest prompt prefix shared with recent rows, where there is one."""
+        self._release_prefix(row.request_id)
+        prefix, num_built = self.prefixes.acquire(row.token_ids[: min(row.num_prompt_tokens, row.num_tokens - 1)])
+        if prefix is None:
+            return GrowingSuffixIndex(self.max_depth)
+        self.row_prefixes[row.request_id] = prefix
+        self.num_indexed += num_built + min(len(prefix.tokens), self.max_depth - 1)  # the lead-in's paths too
+        return PrimedSuffixIndex(prefix.index, prefix.tokens)
+
+    def _release_prefix(self, request_id: str) -> None:
+        prefix = self.row_prefixes.pop(request_id, None)
+        if prefix is not None:
+            self.prefixes.release(prefix)

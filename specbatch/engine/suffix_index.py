@@ -116,7 +116,7 @@ def draft_from(roots: list[_Node], max_depth: int, context: list[int], max_token
             break
         draft.token_ids.append(token)
         draft.probs.append(prob)
-        nodes = [child for node in nodes if node.children and (child := node.children.get(token)) is not None]
+        nodes = [node.children[token] for node in nodes if node.children and token in node.children]
     return draft
 
 
