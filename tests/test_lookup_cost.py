@@ -22,7 +22,7 @@ from specbatch.sched.estimates import AcceptanceStats
 from specbatch.sched.factory import make_context
 from specbatch.sched.lookahead import AdaptiveLookahead
 from specbatch.sched.online_cost import OnlineCostFit
-from specbatch.sched.roundcost import RoundCostModel
+from specbatch.sched.roundcost import RoundCostModel, index_lag
 from specbatch.sim.acceptance import DomainAcceptance
 from specbatch.sim.arrivals import Offline
 from specbatch.sim.run import simulate
@@ -150,6 +150,17 @@ def test_the_suffix_drafter_reports_its_indexing_and_indexes_nothing_for_plain_r
     row.token_ids += [3, 4]
     again = drafter.propose([row], [2], [], [0], None)  # type: ignore[arg-type]
     assert (again.num_indexed_tokens, again.indexed_to) == (2, [7])
+
+
+def test_a_prompt_prefix_shared_with_an_earlier_row_is_not_the_rows_catch_up():
+    """The suffix drafter indexes a prompt block that rows share once for all of them (its rows' own
+    indexes primed past it): a row that reused the block's KV is priced for the rest alone."""
+    row = Row("a", list(range(300)), SamplingParams(max_new_tokens=8), output=[1, 2])
+    assert index_lag(row) == 301
+    row.num_reused_tokens = 256
+    assert index_lag(row) == 301 - 256
+    row.num_indexed = 290
+    assert index_lag(row) == 11
 
 
 def test_the_simulator_charges_lookups_as_the_engine_reports_them():

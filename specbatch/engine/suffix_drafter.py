@@ -48,33 +48,38 @@ class SharedPrefix:
 
 class SharedPrefixes:
     """Indexes of prompt prefixes that several rows start with, each built once. A prefix (a whole
-    number of `PREFIX_GRANULE`s) becomes shared when a row starts with one a recent row started with:
-    the longest such. Held while rows use it, then among the last `MAX_IDLE_PREFIXES` idle ones."""
+    number of `PREFIX_GRANULE`s) becomes shared when a row starts with one that another recent row
+    started with (`note`): the longest such. Held while rows use it, then among the last
+    `MAX_IDLE_PREFIXES` idle ones."""
 
     def __init__(self, max_depth: int) -> None:
         self.max_depth = max_depth
         self.entries: dict[int, SharedPrefix] = {}  # by prefix key
         self.idle: OrderedDict[int, None] = OrderedDict()  # keys of entries no row uses, oldest first
-        self.seen: OrderedDict[int, None] = OrderedDict()  # prefix keys of recent rows, oldest first
+        self.seen: OrderedDict[int, str] = OrderedDict()  # prefix keys of recent rows: the first row's id
 
-    def acquire(self, prompt: list[int]) -> tuple[SharedPrefix | None, int]:
-        """The shared prefix for a new row index over `prompt` (counted as used), or None; and the
-        tokens indexed to build it (0 if it was there)."""
+    def note(self, request_id: str, prompt: list[int]) -> None:
+        """A row's prompt: its prefixes become shared once another row starts with them."""
+        for _, key in _prefix_keys(prompt):
+            self.seen.setdefault(key, request_id)
+            self.seen.move_to_end(key)
+        while len(self.seen) > MAX_SEEN_PREFIXES:
+            self.seen.popitem(last=False)
+
+    def acquire(self, request_id: str, prompt: list[int]) -> tuple[SharedPrefix | None, int]:
+        """The shared prefix for a new index of row `request_id` over `prompt` (counted as used), or
+        None; and the tokens indexed to build it (0 if it was there)."""
         keys = _prefix_keys(prompt)
         for length, key in reversed(keys):
             entry = self.entries.get(key)
             if entry is not None and entry.tokens == prompt[:length]:  # (a key's collision is no match)
                 return self._use(entry), 0
         for length, key in reversed(keys):
-            if key in self.seen and key not in self.entries:
+            if self.seen.get(key, request_id) != request_id and key not in self.entries:
                 index = GrowingSuffixIndex(self.max_depth)
                 index.extend(prompt[:length])
                 return self._use(SharedPrefix(key, prompt[:length], index)), length
-        for _, key in keys:
-            self.seen[key] = None
-            self.seen.move_to_end(key)
-        while len(self.seen) > MAX_SEEN_PREFIXES:
-            self.seen.popitem(last=False)
+        self.note(request_id, prompt)
         return None, 0
 
     def release(self, entry: SharedPrefix) -> None:
@@ -111,10 +116,12 @@ class SuffixDrafter(NoDrafter):
         self.completed: deque[list[int]] = deque()  # completed rows' tokens the job index has yet to take
         self.prefixes = SharedPrefixes(config.suffix_max_depth)
         self.row_prefixes: dict[str, SharedPrefix] = {}  # the shared prefix each row's index is primed on
+        self.noted: set[str] = set()  # rows whose prompts `prefixes` has noted
         self.num_indexed = 0  # tokens the rows' indexes (and shared prefixes) have taken, for `propose`
 
     def forget(self, row: Row) -> None:
         self.row_indexes.pop(row.request_id, None)
+        self.noted.discard(row.request_id)
         self._release_prefix(row.request_id)
         if row.status is Status.COMPLETED and row.num_output_tokens:
             self.completed.append(row.token_ids[max(0, row.num_prompt_tokens - self.max_depth + 1) :])
@@ -122,6 +129,10 @@ class SuffixDrafter(NoDrafter):
     def propose(self, rows: list[Row], ks: list[int], caches: list[RowCache], starts: list[int],
                 coupling: Coupling) -> Proposals:
         num_job_tokens = self._index_completed() if any(ks) else 0  # (best_draft would, uncounted)
+        for row in rows:  # rows not drafting yet share their prompts' prefixes with those that do
+            if row.request_id not in self.noted:
+                self.noted.add(row.request_id)
+                self.prefixes.note(row.request_id, row.token_ids[: row.num_prompt_tokens])
         indexed_before = self.num_indexed
         tokens = [self.best_draft(row, k).token_ids if k > 0 else [] for row, k in zip(rows, ks, strict=True)]
         indexed_to = [self._num_indexed(row) if k > 0 else 0 for row, k in zip(rows, ks, strict=True)]
@@ -168,7 +179,8 @@ class SuffixDrafter(NoDrafter):
     def _new_row_index(self, row: Row) -> GrowingSuffixIndex:
         """Primed past the longest prompt prefix shared with recent rows, where there is one."""
         self._release_prefix(row.request_id)
-        prefix, num_built = self.prefixes.acquire(row.token_ids[: min(row.num_prompt_tokens, row.num_tokens - 1)])
+        prompt = row.token_ids[: min(row.num_prompt_tokens, row.num_tokens - 1)]
+        prefix, num_built = self.prefixes.acquire(row.request_id, prompt)
         if prefix is None:
             return GrowingSuffixIndex(self.max_depth)
         self.row_prefixes[row.request_id] = prefix

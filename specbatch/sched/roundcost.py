@@ -102,8 +102,11 @@ def draft_lag(row: Row) -> int:
 
 def index_lag(row: Row) -> int:
     """Tokens a suffix drafter must add to the row's own index before drafting with it: all but the
-    pending token that the index does not hold yet (the whole prompt, the first time)."""
-    return max(0, row.num_tokens - 1 - row.num_indexed)
+    pending token that the index does not hold yet (the whole prompt, the first time), less a prompt
+    prefix the row shares with an earlier row (its KV reused): the drafter indexes that once for all
+    the rows that share it (`engine/suffix_drafter.py`)."""
+    shared = min(row.num_reused_tokens, row.num_prompt_tokens)
+    return max(0, row.num_tokens - 1 - max(row.num_indexed, shared))
 
 
 class RoundCostModel:

@@ -32,6 +32,7 @@ from specbatch.config import INDEXING_DRAFTERS
 from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
+from specbatch.sched.roundcost import index_lag
 from specbatch.sim.acceptance import AcceptanceModel, DomainAcceptance, DrafterAcceptance
 
 SIM_EOS_TOKEN_ID = 0
@@ -191,7 +192,7 @@ class SimBackend:
             proposals.num_lookup_rows += 1
             if kind in INDEXING_DRAFTERS:
                 proposals.indexed_to[index] = len(row.token_ids) - 1
-                proposals.num_indexed_tokens += max(0, len(row.token_ids) - 1 - row.num_indexed)
+                proposals.num_indexed_tokens += index_lag(row)
 
     def _verify(self, decode: list[tuple[Row, int]], starts: list[int], proposals: Proposals
                 ) -> tuple[list[RowOutcome], PassShape]:
