@@ -134,17 +134,13 @@ def _walk(roots: list[_Node], tokens: list[int]) -> list[_Node]:
     return found
 
 
-
 def _child(node: _Node, token: int) -> tuple[_Node, int]:
-    """`node`'s child for `token`, created (count 0: a path held for what extends it) if new."""
-    children = node.children
-    if children is None:
-        children = node.children = {}
-    child = children.get(token)
-    if child is None:
-        child = children[token] = _Node()
-        return child, 1
-    return child, 0
+    """`node`'s child for `token`, created (count 0: a path held for what extends it) if new (then 1,
+    else 0). Only priming lays paths uncounted, a few dozen tokens a row: not the hot loop."""
+    if node.children is None:
+        node.children = {}
+    made = token not in node.children
+    return node.children.setdefault(token, _Node()), int(made)
 
 
 def _count_child(node: _Node, token: int) -> tuple[_Node, int]:
