@@ -11,7 +11,7 @@ from engine_helpers import MixedLookahead, assert_exact, greedy_reference, rando
 from specbatch.config import DrafterConfig
 from specbatch.core import Row, SamplingParams, Status
 from specbatch.engine.build import build_hf_engine, load_models
-from specbatch.engine.suffix_drafter import SuffixDrafter
+from specbatch.engine.suffix_drafter import MAX_IDLE_PREFIXES, SuffixDrafter
 from specbatch.engine.suffix_index import BoundedSuffixIndex, GrowingSuffixIndex, SuffixIndex
 from specbatch.loop import MemoryRecorder
 
@@ -190,3 +190,16 @@ def test_greedy_exact_with_rows_sharing_a_long_prompt_block(tiny_pair):
     assert_exact(rows, refs)
     assert sum(r.num_accepted for r in recorder.rounds) > 0
     assert [len(prefix.tokens) for prefix in engine.backend.drafter.prefixes.entries.values()] == [128]
+
+
+def test_shared_prefixes_no_row_uses_are_bounded():
+    drafter = SuffixDrafter(DrafterConfig(kind="suffix", suffix_max_depth=8))
+    rng = random.Random(5)
+    for block in range(20):  # twenty blocks, each shared by two rows that then finish
+        prompt = [rng.randrange(1000) for _ in range(70)]
+        rows = [Row(f"b{block}-{i}", prompt + [i], SamplingParams(max_new_tokens=4)) for i in range(2)]
+        for row in rows:
+            drafter.best_draft(row, 2)
+        for row in rows:
+            drafter.forget(row)
+    assert len(drafter.prefixes.entries) == MAX_IDLE_PREFIXES and not drafter.row_prefixes
