@@ -68,13 +68,8 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     row.last_k = outcome.k
     if num_proposed:
         row.accept_history.append((outcome.num_accepted, num_proposed))
-    if num_proposed or outcome.k:
-        # a lookup that found nothing to propose drafted for nothing: counted as a draft rejected at
-        # once, so α (and the limit) price the misses (suffix lookups missed 22% of the time on SmolLM2
-        # instruct prompts, n-gram 40%, and α counted only the lookups that matched)
-        observed = max(num_proposed, 1)
-        scheduler.stats.observe(row.domain, observed, outcome.num_accepted)
-        scheduler.ctx.alphas.observe_drafts(row, observed, outcome.num_accepted)
+        scheduler.stats.observe(row.domain, num_proposed, outcome.num_accepted)
+        scheduler.ctx.alphas.observe_drafts(row, num_proposed, outcome.num_accepted)
     if row.first_token_s is None and committed:
         row.first_token_s = now_s
     return committed
