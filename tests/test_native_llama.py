@@ -32,8 +32,8 @@ def family_model(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Mo
     return AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME, dtype=dtype).eval()
 
 
-# float64: the same maths as Hugging Face's to rounding; float32: through GEMMs packed for oneDNN
-# (`engine/packed_linear.py`) with their fused residual, gate and SiLU, which round otherwise
+# float64: the same maths as Hugging Face's to rounding; float32: through the streamed kernel's GEMMs
+# (`engine/packed_linear.py`) with their fused residual, gate and SiLU, which sum in another order
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_native_pass_gives_the_familys_own_logits(family, dtype, tolerance):
@@ -42,8 +42,8 @@ def test_a_native_pass_gives_the_familys_own_logits(family, dtype, tolerance):
     shape = kv_shape(model)
     cache = PagedKVCache(shape.num_layers, 32, 4, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
     native = NativeLlama(model)
-    packed = native.layers[0].qkv.packed is not None
-    assert packed == (dtype == torch.float32 and packs(native.lm_head.weight))
+    laid_out = native.layers[0].qkv.panels is not None
+    assert laid_out == (dtype == torch.float32 and packs(native.lm_head.weight))
     paged = PagedModel(model, cache, native=native)
     # three rows prefill their prompts but the last token, then verify windows of 2, 1 and 3 tokens
     prompts = [[5, 9, 17, 3, 44, 2, 8], [70, 33], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]

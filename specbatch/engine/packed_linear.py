@@ -1,17 +1,22 @@
-"""Linear layers whose weights are reordered once into oneDNN's blocked layout, for the CPU.
+"""Linear layers whose weights are laid out once for the CPU's GEMM at decoding's row counts.
 
 `F.linear` on a CPU hands the weight to the GEMM library in PyTorch's row-major layout, and the
-library re-blocks it for its micro-kernel on every call. For the small row counts of decoding that
-re-blocking is a large share of the multiply: on this 2-core AVX-512/AMX machine, SmolLM2's
-projections at 8 rows ran 51-114 GFLOPS in float32 through `F.linear` and 121-165 packed; at 32
-rows 160-215 against 213-265; in bfloat16 (AMX) at 8 rows 145-228 against 255-466, at 32 rows
-533-722 against 792-1,240 (`benchmarks/packed_gemm.py`, `benchmarks/results/issue41/`).
+library re-blocks it for its micro-kernel on every call; for the few rows of decoding that
+re-blocking is a large share of the multiply, and the multiply itself is a read of the weight.
+So a weight is laid out once:
+- float32: in panels for the streamed kernel (`engine/streamed_gemm.py`), which reads the weight
+  once at close to the memory's bandwidth. Up to `PANEL_ROWS` rows it beat both `F.linear` and
+  oneDNN's packed GEMM on SmolLM2's projections (8 rows: 1.3-1.7x oneDNN's, 32 rows: 1.2-1.3x
+  `F.linear`'s, `benchmarks/packed_gemm.py`); past them `F.linear` on the model's weight, where
+  re-blocking is amortised (oneDNN's packing no longer paid from 64 rows).
+- bfloat16, where the CPU has it: oneDNN's blocked layout, run on AMX (at 8 rows 255-466 GFLOPS
+  against `F.linear`'s 145-228; at 32 rows 792-1,240 against 533-722).
 Inductor's weight freezing does the same packing; doing it here keeps the step eager, with nothing
 to compile or warm up per shape.
 
-The packed copy is a second copy of the weight (the model's own stays, for transformers' code
-paths). Elsewhere (a GPU, float64, float16, a build without oneDNN, a CPU without bfloat16
-instructions) a layer is plain `F.linear` on the model's weight.
+The laid-out copy is a second copy of the weight (the model's own stays, for transformers' code
+paths). Elsewhere (a GPU, float64, float16, a build without a C compiler or oneDNN, a CPU without
+bfloat16 instructions) a layer is plain `F.linear` on the model's weight.
 """
 
 from __future__ import annotations
@@ -19,59 +24,69 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# multiply-adds (rows x in x out) from which the packed weight is used: oneDNN's call costs ~20 µs where
-# `F.linear`'s costs ~7 in float32, and MKL's small-row kernels are quick, so a smaller float32 GEMM
-# keeps `F.linear` (µs plain / packed: the bundled target's 256 -> 768 at 8 rows, 1.6M, 16 / 25, at 32
-# rows, 6.3M, 48 / 46; SmolLM2's 576 -> 960 at 8 rows, 4.4M, 69 / 46; its whole 8-row pass 55.9 ms with
-# 8M as the bound, 47.7 with 4M, `benchmarks/model_step.py`). `F.linear` in bfloat16 costs 26-90 µs at
-# any size, so there packed always (`benchmarks/packed_gemm.py`)
-MIN_PACKED_MACS = {torch.float32: 1 << 22, torch.bfloat16: 0}
+from specbatch.engine.streamed_gemm import Panels
+
+# float32 row counts the streamed kernel serves: from 64 rows on `F.linear` matched it
+# (SmolLM2's projections, weights streamed from memory, GFLOPS at 64 / 128 rows: streamed 165-193 /
+# 209-259, `F.linear` 150-170 / 210-249)
+PANEL_ROWS = 64
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether this weight is packed for oneDNN here (CPU, float32, or bfloat16 where the CPU has it)."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
+    """Whether this weight is laid out for a CPU GEMM here (float32 in panels, bfloat16 for oneDNN)."""
     if weight.dtype == torch.float32:
-        return True
-    return weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return Panels.packs(weight)
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear:
-    """y = x·Wᵀ + b with W packed once where `packs` says so (used from `MIN_PACKED_MACS`), else
-    `F.linear`; `add`, `mul` and `silu` fuse the elementwise step that follows into the GEMM (oneDNN
-    post-ops), saving a pass over the output. In float32 the fused add and multiply round as the
-    separate ops do; SiLU differs in the last bit (oneDNN's exponential); in bfloat16 the post-op
-    applies before the output is rounded."""
+    """y = x·Wᵀ + b through the laid-out weight where `packs` says so, else `F.linear`; `add`, `mul`
+    and `silu` fuse the elementwise step that follows into the GEMM (the streamed kernel's or
+    oneDNN's post-ops), saving a pass over the output. In float32 the fused add and multiply round
+    as the separate ops do; SiLU may differ in the last bit (another exponential); in bfloat16
+    oneDNN's post-op applies before the output is rounded."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if packs(self.weight) else None
-        self.min_rows = -(-MIN_PACKED_MACS.get(self.weight.dtype, 0) // self.weight.numel())  # ceil
+        laid_out = packs(self.weight)
+        self.panels = Panels(self.weight, self.bias) if laid_out and weight.dtype == torch.float32 else None
+        self.packed = (torch.ops.mkldnn._reorder_linear_weight(self.weight)
+                       if laid_out and weight.dtype == torch.bfloat16 else None)
 
-    def uses_packed(self, x: torch.Tensor) -> bool:
-        """Whether `x` goes through the packed weight (else `F.linear`)."""
-        return self.packed is not None and x.dtype == self.weight.dtype and x.shape[0] >= self.min_rows
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether `x` goes through the laid-out weight, with the post-ops fused (else `F.linear`)."""
+        if self.panels is not None:
+            return x.shape[0] <= PANEL_ROWS and self.panels.takes(x)
+        return self.packed is not None and x.dtype == self.weight.dtype
+
+    def _fused(self, x: torch.Tensor, op: str, other: torch.Tensor | None = None) -> torch.Tensor:
+        if self.panels is not None:
+            return self.panels.linear(x, op, None if other is None else other.contiguous())
+        if op in ("none", "silu"):
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "swish" if op == "silu" else "none",
+                                                      [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, op)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.uses_packed(x):
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.fuses(x):
+            return self._fused(x, "none")
+        return F.linear(x, self.weight, self.bias)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """other + x·Wᵀ + b (a residual connection)."""
-        if not self.uses_packed(x):
-            return other + F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, "add")
+        if self.fuses(x):
+            return self._fused(x, "add", other)
+        return other + F.linear(x, self.weight, self.bias)
 
     def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x·Wᵀ + b) · other, elementwise (a gated unit's up projection times its gate)."""
-        if not self.uses_packed(x):
-            return F.linear(x, self.weight, self.bias) * other
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, "mul")
+        if self.fuses(x):
+            return self._fused(x, "mul", other)
+        return F.linear(x, self.weight, self.bias) * other
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """SiLU(x·Wᵀ + b)."""
-        if not self.uses_packed(x):
-            return F.silu(F.linear(x, self.weight, self.bias))
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "swish", [], "")
+        if self.fuses(x):
+            return self._fused(x, "silu")
+        return F.silu(F.linear(x, self.weight, self.bias))

@@ -1,0 +1,67 @@
+"""The few-row GEMM that streams its weight once (`kernels/streamed_gemm.c`), for decoding passes on a CPU.
+
+At decoding's row counts a GEMM is a read of its weight, and oneDNN's packed GEMM reached about
+half of this machine's memory bandwidth there (the C file has the figures). The kernel reads a
+copy of the weight laid out in panels (`Panels`), so each panel is one contiguous stream. Where the
+library cannot be built, or the tensors are not ones it takes (another dtype or device, not
+contiguous), nothing is packed and the caller runs oneDNN or `F.linear`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from specbatch.engine import c_library
+
+SOURCE = Path(__file__).with_name("kernels") / "streamed_gemm.c"
+# the sums are fused multiply-adds in ascending k; the post-ops single operations; 512-bit vectors
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp", "-fPIC"]
+PANEL = 48  # output columns a panel holds (the C file's PANEL)
+OPS = {"none": 0, "add": 1, "mul": 2, "silu": 3}
+_INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
+_SIGNATURES = {
+    "pack_panels_f32": [_POINTER] * 2 + [_INT64] * 2 + [ctypes.c_int],
+    "streamed_gemm_f32": [_POINTER] * 5 + [_INT64] * 3 + [ctypes.c_int] * 2,
+}
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    return c_library.load(SOURCE, FLAGS, _SIGNATURES, "SPECBATCH_STREAMED_GEMM")
+
+
+class Panels:
+    """A float32 weight [out, in] laid out once for the kernel (a second copy of it), with its bias."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.detach().contiguous()
+        count = -(-self.out_features // PANEL)
+        self.data = torch.empty(count, self.in_features, PANEL, dtype=torch.float32)
+        library = load()
+        assert library is not None
+        library.pack_panels_f32(weight.detach().contiguous().data_ptr(), self.data.data_ptr(), self.out_features,
+                                self.in_features, torch.get_num_threads())
+
+    @staticmethod
+    def packs(weight: torch.Tensor) -> bool:
+        """Whether `weight` is laid out for the kernel here (a float32 CPU weight, the library built)."""
+        return weight.dtype == torch.float32 and weight.device.type == "cpu" and load() is not None
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether the kernel takes `x` (or a post-op's other operand) as it is."""
+        return x.dtype == torch.float32 and x.dim() == 2 and x.device.type == "cpu" and x.is_contiguous()
+
+    def linear(self, x: torch.Tensor, op: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
+        """op(x·Wᵀ + b[, other]) for x [rows, in] and other [rows, out], both as `takes` says."""
+        out = x.new_empty(x.shape[0], self.out_features)
+        library = load()
+        assert library is not None
+        library.streamed_gemm_f32(x.data_ptr(), self.data.data_ptr(), 0 if self.bias is None else self.bias.data_ptr(),
+                                  0 if other is None else other.data_ptr(), out.data_ptr(), x.shape[0],
+                                  self.out_features, self.in_features, OPS[op], torch.get_num_threads())
+        return out
