@@ -43,7 +43,7 @@ def test_a_native_pass_gives_the_familys_own_logits(family, dtype, tolerance):
     cache = PagedKVCache(shape.num_layers, 32, 4, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
     native = NativeLlama(model)
     laid_out = native.layers[0].qkv.panels is not None
-    assert laid_out == (dtype == torch.float32 and packs(native.lm_head.weight))
+    assert laid_out == (dtype == torch.float32 and packs(native.lm_head.weight))  # float64 runs in torch
     paged = PagedModel(model, cache, native=native)
     # three rows prefill their prompts but the last token, then verify windows of 2, 1 and 3 tokens
     prompts = [[5, 9, 17, 3, 44, 2, 8], [70, 33], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]

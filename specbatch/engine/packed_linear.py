@@ -26,16 +26,19 @@ import torch.nn.functional as F
 
 from specbatch.engine.streamed_gemm import Panels
 
-# float32 row counts the streamed kernel serves: from 64 rows on `F.linear` matched it
+# the most rows the streamed kernel serves, by dtype. float32: from 64 rows on `F.linear` matched it
 # (SmolLM2's projections, weights streamed from memory, GFLOPS at 64 / 128 rows: streamed 165-193 /
-# 209-259, `F.linear` 150-170 / 210-249)
-PANEL_ROWS = 64
+# 209-259, `F.linear` 150-170 / 210-249). bfloat16: AMX's GEMM passes it from 8 rows (streamed ÷
+# oneDNN at 1 / 4 / 8 rows: 1.30-1.85 / 1.06-1.47 / 0.85-1.27; the output layer 0.98 / 0.82 / 0.62)
+PANEL_ROWS = {torch.float32: 64, torch.bfloat16: 4}
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether this weight is laid out for a CPU GEMM here (float32 in panels, bfloat16 for oneDNN)."""
-    if weight.dtype == torch.float32:
-        return Panels.packs(weight)
+    """Whether this weight is laid out for a CPU GEMM here (in panels, and in bfloat16 for oneDNN too)."""
+    return Panels.packs(weight) or _onednn_packs(weight)
+
+
+def _onednn_packs(weight: torch.Tensor) -> bool:
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
@@ -49,20 +52,22 @@ class PackedLinear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-        laid_out = packs(self.weight)
-        self.panels = Panels(self.weight, self.bias) if laid_out and weight.dtype == torch.float32 else None
-        self.packed = (torch.ops.mkldnn._reorder_linear_weight(self.weight)
-                       if laid_out and weight.dtype == torch.bfloat16 else None)
+        self.panels = Panels(self.weight, self.bias) if Panels.packs(self.weight) else None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if _onednn_packs(self.weight) else None
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether `x` goes through the laid-out weight, with the post-ops fused (else `F.linear`)."""
-        if self.panels is not None:
-            return x.shape[0] <= PANEL_ROWS and self.panels.takes(x)
-        return self.packed is not None and x.dtype == self.weight.dtype
+        """Whether `x` goes through a laid-out weight, with the post-ops fused (else `F.linear`)."""
+        return self._streaming(x) is not None or (self.packed is not None and x.dtype == self.weight.dtype)
+
+    def _streaming(self, x: torch.Tensor) -> Panels | None:
+        """The panels `x` streams through, if it is few rows the kernel takes."""
+        if self.panels is not None and x.shape[0] <= PANEL_ROWS.get(x.dtype, 0) and self.panels.takes(x):
+            return self.panels
+        return None
 
     def _fused(self, x: torch.Tensor, op: str, other: torch.Tensor | None = None) -> torch.Tensor:
-        if self.panels is not None:
-            return self.panels.linear(x, op, None if other is None else other.contiguous())
+        if (panels := self._streaming(x)) is not None:
+            return panels.linear(x, op, None if other is None else other.contiguous())
         if op in ("none", "silu"):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "swish" if op == "silu" else "none",
                                                       [], "")

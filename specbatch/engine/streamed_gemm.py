@@ -23,45 +23,64 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
 PANEL = 48  # output columns a panel holds (the C file's PANEL)
 OPS = {"none": 0, "add": 1, "mul": 2, "silu": 3}
 _INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _SIGNATURES = {
-    "pack_panels_f32": [_POINTER] * 2 + [_INT64] * 2 + [ctypes.c_int],
-    "streamed_gemm_f32": [_POINTER] * 5 + [_INT64] * 3 + [ctypes.c_int] * 2,
+    **{f"pack_panels_{suffix}": [_POINTER] * 2 + [_INT64] * 2 + [ctypes.c_int] for suffix in _SUFFIX.values()},
+    **{f"streamed_gemm_{suffix}": [_POINTER] * 5 + [_INT64] * 3 + [ctypes.c_int] * 2 for suffix in _SUFFIX.values()},
 }
 
 
 @cache
 def load() -> ctypes.CDLL | None:
-    return c_library.load(SOURCE, FLAGS, _SIGNATURES, "SPECBATCH_STREAMED_GEMM")
+    library = c_library.load(SOURCE, FLAGS, _SIGNATURES, "SPECBATCH_STREAMED_GEMM")
+    if library is not None:
+        library.streamed_bf16_supported.restype = ctypes.c_int
+    return library
+
+
+def serves(dtype: torch.dtype) -> bool:
+    """Whether the kernel runs `dtype` here: float32 wherever it builds, bfloat16 where the CPU has
+    AVX512-BF16's dot-product instruction."""
+    library = load()
+    if library is None or dtype not in _SUFFIX:
+        return False
+    return dtype == torch.float32 or bool(library.streamed_bf16_supported())
 
 
 class Panels:
-    """A float32 weight [out, in] laid out once for the kernel (a second copy of it), with its bias."""
+    """A weight [out, in] laid out once for the kernel (a second copy of it), with its bias."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        assert self.packs(weight)
+        self.dtype = weight.dtype
         self.out_features, self.in_features = weight.shape
-        self.bias = None if bias is None else bias.detach().contiguous()
+        self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
         count = -(-self.out_features // PANEL)
-        self.data = torch.empty(count, self.in_features, PANEL, dtype=torch.float32)
-        library = load()
-        assert library is not None
-        library.pack_panels_f32(weight.detach().contiguous().data_ptr(), self.data.data_ptr(), self.out_features,
-                                self.in_features, torch.get_num_threads())
+        # float32: [panels, in, PANEL]; bfloat16: [panels, in / 2, PANEL, 2], the same numel
+        self.data = torch.empty(count, self.in_features, PANEL, dtype=weight.dtype)
+        self._suffix = _SUFFIX[weight.dtype]
+        getattr(load(), f"pack_panels_{self._suffix}")(
+            weight.detach().contiguous().data_ptr(), self.data.data_ptr(), self.out_features, self.in_features,
+            torch.get_num_threads())
 
     @staticmethod
     def packs(weight: torch.Tensor) -> bool:
-        """Whether `weight` is laid out for the kernel here (a float32 CPU weight, the library built)."""
-        return weight.dtype == torch.float32 and weight.device.type == "cpu" and load() is not None
+        """Whether `weight` can be laid out for the kernel here (a CPU weight of a dtype it `serves`;
+        in bfloat16 an even number of input features, read in pairs)."""
+        return (weight.device.type == "cpu" and weight.dim() == 2 and serves(weight.dtype)
+                and (weight.dtype == torch.float32 or weight.shape[1] % 2 == 0))
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernel takes `x` (or a post-op's other operand) as it is."""
-        return x.dtype == torch.float32 and x.dim() == 2 and x.device.type == "cpu" and x.is_contiguous()
+        return x.dtype == self.dtype and x.dim() == 2 and x.device.type == "cpu" and x.is_contiguous()
 
     def linear(self, x: torch.Tensor, op: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
         """op(x·Wᵀ + b[, other]) for x [rows, in] and other [rows, out], both as `takes` says."""
         out = x.new_empty(x.shape[0], self.out_features)
         library = load()
         assert library is not None
-        library.streamed_gemm_f32(x.data_ptr(), self.data.data_ptr(), 0 if self.bias is None else self.bias.data_ptr(),
-                                  0 if other is None else other.data_ptr(), out.data_ptr(), x.shape[0],
-                                  self.out_features, self.in_features, OPS[op], torch.get_num_threads())
+        getattr(library, f"streamed_gemm_{self._suffix}")(
+            x.data_ptr(), self.data.data_ptr(), 0 if self.bias is None else self.bias.data_ptr(),
+            0 if other is None else other.data_ptr(), out.data_ptr(), x.shape[0], self.out_features,
+            self.in_features, OPS[op], torch.get_num_threads())
         return out

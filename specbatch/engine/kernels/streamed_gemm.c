@@ -13,14 +13,22 @@
  * which other rows share the pass (batch invariant), so a token computes the same bits when its row
  * decodes one position or verifies several.
  *
+ * bfloat16 (on CPUs with AVX512-BF16): panels hold k in pairs, [ceil(n / PANEL), k / 2, PANEL, 2],
+ * and each pair of products is added to the float32 sum by one dot-product instruction (`vdpbf16ps`),
+ * pairs in ascending k: again one order for every element.
+ *
  * Post-ops (`op`): 0 none, 1 add `other` (a residual), 2 multiply by `other` (a gate), 3 SiLU; each
- * applied to the sum (plus bias) as its own rounded operation, as torch's separate ops round.
+ * applied to the sum (plus bias) as its own rounded operation, as torch's separate ops round (in
+ * bfloat16 the sum is rounded first, then each op computed in float32 and rounded).
  * Layouts contiguous: x and other [rows, k] / [rows, n], w [n, k], bias [n] or NULL, out [rows, n],
  * panels [ceil(n / PANEL), k, PANEL] (columns past n zero). Built by
  * specbatch/engine/streamed_gemm.py with vector extensions, so any target compiles it. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #define LANES 16
 #define PANEL (3 * LANES)
@@ -95,6 +103,117 @@ void streamed_gemm_f32(const float *x, const float *panels, const float *bias, c
                     int64_t at = (first + m) * n + first_col + j;
                     float value = tile[m][j] + (bias != NULL ? bias[first_col + j] : 0.0f);
                     out[at] = post_op(value, op, other != NULL ? other[at] : 0.0f);
+                }
+        }
+    }
+}
+
+/* bfloat16 */
+
+static inline float widen(uint16_t bits) {
+    union { uint32_t word; float value; } widened = {.word = (uint32_t)bits << 16};
+    return widened.value;
+}
+
+static inline uint16_t narrow(float value) {
+    union { float value; uint32_t word; } bits = {.value = value};
+    if ((bits.word & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits.word >> 16) | 0x40u);  /* NaN */
+    return (uint16_t)((bits.word + 0x7fffu + ((bits.word >> 16) & 1u)) >> 16);
+}
+
+/* whether the bfloat16 kernel runs on the dot-product instruction here (else it is not worth calling) */
+int streamed_bf16_supported(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* w [n, k] (k even) into panels [ceil(n / PANEL), k / 2, PANEL, 2] */
+void pack_panels_bf16(const uint16_t *w, uint16_t *panels, int64_t n, int64_t k, int num_threads) {
+    int64_t count = (n + PANEL - 1) / PANEL, pairs = k / 2;
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t panel = 0; panel < count; panel++)
+        for (int64_t j = 0; j < PANEL; j++) {
+            int64_t col = panel * PANEL + j;
+            for (int64_t i = 0; i < pairs; i++)
+                for (int t = 0; t < 2; t++)
+                    panels[((panel * pairs + i) * PANEL + j) * 2 + t] = col < n ? w[col * k + 2 * i + t] : 0;
+        }
+}
+
+#if defined(__AVX512BF16__)
+#define PANEL_TILE_BF16(ROWS)                                                                           \
+    static void panel_tile_bf16_##ROWS(const uint16_t *x, int64_t k, const uint16_t *panel, float *tile) { \
+        __m512 acc[ROWS][3];                                                                            \
+        _Pragma("GCC unroll 8") for (int m = 0; m < ROWS; m++)                                          \
+            acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();                                    \
+        for (int64_t i = 0; i < k / 2; i++) {                                                           \
+            const uint16_t *weights = panel + i * PANEL * 2;                                            \
+            __builtin_prefetch((const char *)weights + PREFETCH_AHEAD, 0, 3);                           \
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(weights),                                        \
+                     w1 = (__m512bh)_mm512_loadu_si512(weights + 2 * LANES),                            \
+                     w2 = (__m512bh)_mm512_loadu_si512(weights + 4 * LANES);                            \
+            _Pragma("GCC unroll 8") for (int m = 0; m < ROWS; m++) {                                    \
+                int32_t pair;                                                                           \
+                memcpy(&pair, x + m * k + 2 * i, sizeof pair);                                          \
+                __m512bh in = (__m512bh)_mm512_set1_epi32(pair);                                        \
+                acc[m][0] = _mm512_dpbf16_ps(acc[m][0], w0, in);                                        \
+                acc[m][1] = _mm512_dpbf16_ps(acc[m][1], w1, in);                                        \
+                acc[m][2] = _mm512_dpbf16_ps(acc[m][2], w2, in);                                        \
+            }                                                                                           \
+        }                                                                                               \
+        memcpy(tile, acc, sizeof acc);                                                                  \
+    }
+#else /* never called where unsupported (`streamed_bf16_supported`); written plainly to stay correct */
+#define PANEL_TILE_BF16(ROWS)                                                                           \
+    static void panel_tile_bf16_##ROWS(const uint16_t *x, int64_t k, const uint16_t *panel, float *tile) { \
+        for (int m = 0; m < ROWS; m++)                                                                  \
+            for (int j = 0; j < PANEL; j++) {                                                           \
+                float sum = 0;                                                                          \
+                for (int64_t i = 0; i < k / 2; i++) {                                                   \
+                    const uint16_t *pair = panel + (i * PANEL + j) * 2;                                 \
+                    sum += widen(pair[0]) * widen(x[m * k + 2 * i]) + widen(pair[1]) * widen(x[m * k + 2 * i + 1]); \
+                }                                                                                       \
+                tile[m * PANEL + j] = sum;                                                              \
+            }                                                                                           \
+    }
+#endif
+
+PANEL_TILE_BF16(1) PANEL_TILE_BF16(2) PANEL_TILE_BF16(3) PANEL_TILE_BF16(4)
+PANEL_TILE_BF16(5) PANEL_TILE_BF16(6) PANEL_TILE_BF16(7) PANEL_TILE_BF16(8)
+
+typedef void (*panel_tile_bf16_fn)(const uint16_t *, int64_t, const uint16_t *, float *);
+static const panel_tile_bf16_fn panel_tiles_bf16[ROW_TILE + 1] = {
+    NULL, panel_tile_bf16_1, panel_tile_bf16_2, panel_tile_bf16_3, panel_tile_bf16_4, panel_tile_bf16_5,
+    panel_tile_bf16_6, panel_tile_bf16_7, panel_tile_bf16_8};
+
+static inline uint16_t post_op_bf16(float value, int op, uint16_t other) {
+    float rounded = widen(narrow(value));
+    switch (op) {
+        case OP_ADD: return narrow(widen(other) + rounded);
+        case OP_MUL: return narrow(rounded * widen(other));
+        case OP_SILU: return narrow(rounded / (1.0f + expf(-rounded)));
+        default: return narrow(rounded);
+    }
+}
+
+void streamed_gemm_bf16(const uint16_t *x, const uint16_t *panels, const uint16_t *bias, const uint16_t *other,
+                        uint16_t *out, int64_t rows, int64_t n, int64_t k, int op, int num_threads) {
+    int64_t count = (n + PANEL - 1) / PANEL;
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t panel = 0; panel < count; panel++) {
+        int64_t first_col = panel * PANEL, width = n - first_col < PANEL ? n - first_col : PANEL;
+        float tile[ROW_TILE][PANEL];
+        for (int64_t first = 0; first < rows; first += ROW_TILE) {
+            int height = rows - first < ROW_TILE ? (int)(rows - first) : ROW_TILE;
+            panel_tiles_bf16[height](x + first * k, k, panels + panel * k * PANEL, &tile[0][0]);
+            for (int m = 0; m < height; m++)
+                for (int64_t j = 0; j < width; j++) {
+                    int64_t at = (first + m) * n + first_col + j;
+                    float value = tile[m][j] + (bias != NULL ? widen(bias[first_col + j]) : 0.0f);
+                    out[at] = post_op_bf16(value, op, other != NULL ? other[at] : 0);
                 }
         }
     }
