@@ -113,9 +113,9 @@ class NativeLlama:
 
     @staticmethod
     def _mlp(layer: _Layer, normed: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + down(SiLU(gate(x)) · up(x)): packed, the gate and up GEMMs apart with the SiLU
-        and the product as their post-ops; unpacked, one gate-up GEMM (one call, not two)."""
-        if layer.gate.uses_packed(normed):
+        """residual + down(SiLU(gate(x)) · up(x)): streamed or packed, the gate and up GEMMs apart with
+        the SiLU and the product as their post-ops; otherwise one gate-up GEMM (one call, not two)."""
+        if layer.gate.fuses(normed):
             return layer.down.add(layer.up.mul(normed, layer.gate.silu(normed)), residual)
         gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
         return layer.down.add(F.silu(gate) * up, residual)
