@@ -28,17 +28,21 @@ from specbatch.engine.streamed_gemm import Panels
 
 # the most rows the streamed kernel serves, by dtype. float32: from 64 rows on `F.linear` matched it
 # (SmolLM2's projections, weights streamed from memory, GFLOPS at 64 / 128 rows: streamed 165-193 /
-# 209-259, `F.linear` 150-170 / 210-249). bfloat16: AMX's GEMM passes it from 8 rows (streamed ÷
-# oneDNN at 1 / 4 / 8 rows: 1.30-1.85 / 1.06-1.47 / 0.85-1.27; the output layer 0.98 / 0.82 / 0.62)
-PANEL_ROWS = {torch.float32: 64, torch.bfloat16: 4}
+# 209-259, `F.linear` 150-170 / 210-249). bfloat16: AMX's GEMM computes faster than the dot products
+# stream from about 8 rows (streamed ÷ oneDNN at 1 / 4 / 8 / 16 rows: 1.30-1.85 / 1.06-1.47 /
+# 0.85-1.27 / 0.45-0.69; the output layer 0.98 / 0.82 / 0.62 / 0.37); SmolLM2's whole bfloat16 pass,
+# ms with 4 / 8 / 16 as the bound: 1 row x 5 positions 38.7-40.9 / 36.9-37.6 / 37.9-40.0, 2 x 5
+# 41.3-42.2 / 41.7-43.1 / 49.7-51.1, 8 x 1 45.9-46.0 / 45.2-45.7 / 45.1-48.7 (`benchmarks/model_step.py`)
+PANEL_ROWS = {torch.float32: 64, torch.bfloat16: 8}
 
 
 def packs(weight: torch.Tensor) -> bool:
     """Whether this weight is laid out for a CPU GEMM here (in panels, and in bfloat16 for oneDNN too)."""
-    return Panels.packs(weight) or _onednn_packs(weight)
+    return Panels.packs(weight) or onednn_packs(weight)
 
 
-def _onednn_packs(weight: torch.Tensor) -> bool:
+def onednn_packs(weight: torch.Tensor) -> bool:
+    """Whether oneDNN runs this weight packed here (bfloat16 on a CPU with its instructions)."""
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
@@ -53,7 +57,7 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.panels = Panels(self.weight, self.bias) if Panels.packs(self.weight) else None
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if _onednn_packs(self.weight) else None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if onednn_packs(self.weight) else None
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether `x` goes through a laid-out weight, with the post-ops fused (else `F.linear`)."""
