@@ -1,11 +1,11 @@
 """Small C kernels built with the machine's compiler on first use, cached, and loaded with ctypes.
 
-Plain C (no torch headers) builds in about a second. A library is built once per source, compiler,
-flags and machine (`-march=native` code runs only where it was built, so the machine is part of the
-name, for a shared home) into `$SPECBATCH_CACHE_DIR/kernels/`, and renamed into place whole, so
-workers building at once never load half a file. Compile flags never reach the link: linked with
-fast-math flags, gcc adds start-up code that sets flush-to-zero for the whole process, which would
-change torch's arithmetic.
+Plain C (no torch headers) builds in about a second. A library is built once per source (with the
+headers beside it), compiler, flags and machine (`-march=native` code runs only where it was built,
+so the machine is part of the name, for a shared home) into `$SPECBATCH_CACHE_DIR/kernels/`, and
+renamed into place whole, so workers building at once never load half a file. Compile flags never
+reach the link: linked with fast-math flags, gcc adds start-up code that sets flush-to-zero for the
+whole process, which would change torch's arithmetic.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def build(source: Path, flags: list[str]) -> ctypes.CDLL | None:
         log.info("no C compiler: %s is not built, torch runs instead", source.name)
         return None
     machine = " ".join([platform.node(), platform.machine(), torch.backends.cpu.get_cpu_capability()])
-    digest = hashlib.sha256(source.read_bytes() + " ".join([compiler, *flags, *LINK_FLAGS, machine]).encode()
+    headers = b"".join(header.read_bytes() for header in sorted(source.parent.glob("*.h")))  # what it may include
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join([compiler, *flags, *LINK_FLAGS, machine]).encode()
                             ).hexdigest()[:16]
     library = cache_dir() / f"{source.stem}-{digest}.so"
     try:

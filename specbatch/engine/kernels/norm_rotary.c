@@ -12,18 +12,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "bfloat16.h"
+
 #define MAX_DIM 1024
-
-static inline float widen(uint16_t bits) {
-    union { uint32_t word; float value; } widened = {.word = (uint32_t)bits << 16};
-    return widened.value;
-}
-
-static inline uint16_t narrow(float value) {
-    union { float value; uint32_t word; } bits = {.value = value};
-    if ((bits.word & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits.word >> 16) | 0x40u);  /* NaN */
-    return (uint16_t)((bits.word + 0x7fffu + ((bits.word >> 16) & 1u)) >> 16);
-}
 
 static inline float round_bf16(float value) { return widen(narrow(value)); }
 

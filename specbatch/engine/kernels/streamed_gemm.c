@@ -25,6 +25,8 @@
  * specbatch/engine/streamed_gemm.py with vector extensions, so any target compiles it. */
 #include <math.h>
 #include <stdint.h>
+
+#include "bfloat16.h"
 #include <string.h>
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -88,38 +90,34 @@ static const panel_tile_fn panel_tiles[ROW_TILE + 1] = {
     NULL, panel_tile_1, panel_tile_2, panel_tile_3, panel_tile_4, panel_tile_5, panel_tile_6, panel_tile_7,
     panel_tile_8};
 
-void streamed_gemm_f32(const float *x, const float *panels, const float *bias, const float *other, float *out,
-                       int64_t rows, int64_t n, int64_t k, int op, int num_threads) {
-    int64_t count = (n + PANEL - 1) / PANEL;
-    #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t panel = 0; panel < count; panel++) {
-        int64_t first_col = panel * PANEL, width = n - first_col < PANEL ? n - first_col : PANEL;
-        float tile[ROW_TILE][PANEL];
-        for (int64_t first = 0; first < rows; first += ROW_TILE) {
-            int height = rows - first < ROW_TILE ? (int)(rows - first) : ROW_TILE;
-            panel_tiles[height](x + first * k, k, panels + panel * k * PANEL, &tile[0][0]);
-            for (int m = 0; m < height; m++)
-                for (int64_t j = 0; j < width; j++) {
-                    int64_t at = (first + m) * n + first_col + j;
-                    float value = tile[m][j] + (bias != NULL ? bias[first_col + j] : 0.0f);
-                    out[at] = post_op(value, op, other != NULL ? other[at] : 0.0f);
-                }
-        }
+/* out = op(x·Wᵀ + bias, other), T the element type, TILES the row tiles, WIDEN a T read as float32,
+ * POST the post-op (and rounding) into T */
+#define STREAMED_GEMM(SUFFIX, T, TILES, WIDEN, POST)                                                     \
+    void streamed_gemm_##SUFFIX(const T *x, const T *panels, const T *bias, const T *other, T *out,      \
+                                int64_t rows, int64_t n, int64_t k, int op, int num_threads) {           \
+        int64_t count = (n + PANEL - 1) / PANEL;                                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(num_threads)")                           \
+        for (int64_t panel = 0; panel < count; panel++) {                                               \
+            int64_t first_col = panel * PANEL, width = n - first_col < PANEL ? n - first_col : PANEL;   \
+            float tile[ROW_TILE][PANEL];                                                                \
+            for (int64_t first = 0; first < rows; first += ROW_TILE) {                                  \
+                int height = rows - first < ROW_TILE ? (int)(rows - first) : ROW_TILE;                  \
+                TILES[height](x + first * k, k, panels + panel * k * PANEL, &tile[0][0]);               \
+                for (int m = 0; m < height; m++)                                                        \
+                    for (int64_t j = 0; j < width; j++) {                                               \
+                        int64_t at = (first + m) * n + first_col + j;                                   \
+                        float value = tile[m][j] + (bias != NULL ? WIDEN(bias[first_col + j]) : 0.0f);  \
+                        out[at] = POST(value, op, other != NULL ? other[at] : 0);                       \
+                    }                                                                                   \
+            }                                                                                           \
+        }                                                                                               \
     }
-}
+
+static inline float as_float(float value) { return value; }
+
+STREAMED_GEMM(f32, float, panel_tiles, as_float, post_op)
 
 /* bfloat16 */
-
-static inline float widen(uint16_t bits) {
-    union { uint32_t word; float value; } widened = {.word = (uint32_t)bits << 16};
-    return widened.value;
-}
-
-static inline uint16_t narrow(float value) {
-    union { float value; uint32_t word; } bits = {.value = value};
-    if ((bits.word & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits.word >> 16) | 0x40u);  /* NaN */
-    return (uint16_t)((bits.word + 0x7fffu + ((bits.word >> 16) & 1u)) >> 16);
-}
 
 /* whether the bfloat16 kernel runs on the dot-product instruction here (else it is not worth calling) */
 int streamed_bf16_supported(void) {
@@ -199,22 +197,4 @@ static inline uint16_t post_op_bf16(float value, int op, uint16_t other) {
     }
 }
 
-void streamed_gemm_bf16(const uint16_t *x, const uint16_t *panels, const uint16_t *bias, const uint16_t *other,
-                        uint16_t *out, int64_t rows, int64_t n, int64_t k, int op, int num_threads) {
-    int64_t count = (n + PANEL - 1) / PANEL;
-    #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t panel = 0; panel < count; panel++) {
-        int64_t first_col = panel * PANEL, width = n - first_col < PANEL ? n - first_col : PANEL;
-        float tile[ROW_TILE][PANEL];
-        for (int64_t first = 0; first < rows; first += ROW_TILE) {
-            int height = rows - first < ROW_TILE ? (int)(rows - first) : ROW_TILE;
-            panel_tiles_bf16[height](x + first * k, k, panels + panel * k * PANEL, &tile[0][0]);
-            for (int m = 0; m < height; m++)
-                for (int64_t j = 0; j < width; j++) {
-                    int64_t at = (first + m) * n + first_col + j;
-                    float value = tile[m][j] + (bias != NULL ? widen(bias[first_col + j]) : 0.0f);
-                    out[at] = post_op_bf16(value, op, other != NULL ? other[at] : 0);
-                }
-        }
-    }
-}
+STREAMED_GEMM(bf16, uint16_t, panel_tiles_bf16, widen, post_op_bf16)
