@@ -51,8 +51,8 @@ class PackedLinear:
     """y = x·Wᵀ + b through the laid-out weight where `packs` says so, else `F.linear`; `add`, `mul`
     and `silu` fuse the elementwise step that follows into the GEMM (the streamed kernel's or
     oneDNN's post-ops), saving a pass over the output. In float32 the fused add and multiply round
-    as the separate ops do; SiLU may differ in the last bit (another exponential); in bfloat16
-    oneDNN's post-op applies before the output is rounded."""
+    as the separate ops do; SiLU may differ in the last bit (another exponential); in bfloat16 the
+    post-op applies before the output's one rounding, streamed and oneDNN alike."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
