@@ -69,33 +69,37 @@ class PackedLinear:
             return self.panels
         return None
 
-    def _fused(self, x: torch.Tensor, op: str, other: torch.Tensor | None = None) -> torch.Tensor:
+    def _fused(self, x: torch.Tensor, op: str, other: torch.Tensor | None = None) -> torch.Tensor | None:
+        """op(x·Wᵀ + b[, other]) through a laid-out weight, or None where `x` takes `F.linear`; the
+        route is chosen once per call."""
         if (panels := self._streaming(x)) is not None:
             return panels.linear(x, op, None if other is None else other.contiguous())
+        if self.packed is None or x.dtype != self.weight.dtype:
+            return None
         if op in ("none", "silu"):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "swish" if op == "silu" else "none",
                                                       [], "")
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, op)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fuses(x):
-            return self._fused(x, "none")
+        if (fused := self._fused(x, "none")) is not None:
+            return fused
         return F.linear(x, self.weight, self.bias)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """other + x·Wᵀ + b (a residual connection)."""
-        if self.fuses(x):
-            return self._fused(x, "add", other)
+        if (fused := self._fused(x, "add", other)) is not None:
+            return fused
         return other + F.linear(x, self.weight, self.bias)
 
     def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x·Wᵀ + b) · other, elementwise (a gated unit's up projection times its gate)."""
-        if self.fuses(x):
-            return self._fused(x, "mul", other)
+        if (fused := self._fused(x, "mul", other)) is not None:
+            return fused
         return F.linear(x, self.weight, self.bias) * other
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """SiLU(x·Wᵀ + b)."""
-        if self.fuses(x):
-            return self._fused(x, "silu")
+        if (fused := self._fused(x, "silu")) is not None:
+            return fused
         return F.silu(F.linear(x, self.weight, self.bias))
