@@ -1,5 +1,5 @@
-"""The streamed few-row GEMM (`engine/streamed_gemm.py`): the product to float32 (bfloat16) rounding
-for any shape (panels cut short, k in no whole vectors, row tiles cut short), a row's bits
+"""The streamed GEMM (`engine/streamed_gemm.py`): the product to float32 (bfloat16) rounding for any
+shape (panels cut short, k in no whole vectors, row tiles and row blocks cut short), a row's bits
 independent of the rows beside it and of the thread count, and post-ops rounding as the separate ops."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def weights(out_features: int, in_features: int, bias: bool, seed: int = 0, dtyp
 
 
 @pytest.mark.parametrize(("rows", "out_features", "in_features"),
-                         [(1, 48, 16), (3, 50, 18), (8, 97, 64), (9, 144, 100), (21, 7, 576), (64, 200, 34)])
+                         [(1, 48, 16), (3, 50, 18), (8, 97, 64), (9, 144, 100), (21, 7, 576), (64, 200, 34),
+                          (300, 60, 40)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_product_to_its_dtypes_rounding(rows, out_features, in_features, bias, dtype):
@@ -44,14 +45,15 @@ def test_an_odd_width_is_not_laid_out_in_bfloat16():
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(dtype):
     weight, bias = weights(150, 96, True, dtype=dtype)
     panels = Panels(weight, bias)
-    x = torch.randn(19, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
+    x = torch.randn(290, 96, generator=torch.Generator().manual_seed(2)).to(dtype)  # rows in three blocks
     together = panels.linear(x)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        for row in range(x.shape[0]):
+        for row in (*range(19), 127, 128, 200, 289):
             assert torch.equal(panels.linear(x[row : row + 1].contiguous())[0], together[row])
         assert torch.equal(panels.linear(x[5:13].contiguous()), together[5:13])
+        assert torch.equal(panels.linear(x[100:290].contiguous()), together[100:290])
     finally:
         torch.set_num_threads(threads)
 
@@ -84,11 +86,13 @@ def test_bfloat16_post_ops_apply_before_the_one_rounding(dtype):
     assert not torch.equal(panels.linear(x, "mul", other), panels.linear(x) * other)
 
 
-def test_a_linear_layer_streams_few_rows_and_hands_many_to_torch():
+def test_a_float32_layer_streams_every_row_count_and_hands_strided_inputs_to_torch():
     weight, bias = weights(64, 32, True)
     layer = PackedLinear(weight, bias)
-    few, many = torch.randn(PANEL_ROWS[torch.float32], 32), torch.randn(PANEL_ROWS[torch.float32] + 1, 32)
-    assert layer.fuses(few) and not layer.fuses(many)
-    assert not layer.fuses(torch.randn(32, 8).t())  # not contiguous: torch runs it
-    for x in (few, many):
+    for rows in (1, PANEL_ROWS[torch.bfloat16] + 1, 129, 400):
+        x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+        assert layer.fuses(x)
         torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    strided = torch.randn(32, 8).t()
+    assert not layer.fuses(strided)  # not contiguous: torch runs it
+    torch.testing.assert_close(layer(strided), torch.nn.functional.linear(strided, weight, bias))

@@ -1,16 +1,16 @@
-"""Linear layers whose weights are laid out once for the CPU's GEMM at decoding's row counts.
+"""Linear layers whose weights are laid out once for the CPU's GEMM.
 
 `F.linear` on a CPU hands the weight to the GEMM library in PyTorch's row-major layout, and the
-library re-blocks it for its micro-kernel on every call; for the few rows of decoding that
-re-blocking is a large share of the multiply, and the multiply itself is a read of the weight.
-So a weight is laid out once:
-- float32: in panels for the streamed kernel (`engine/streamed_gemm.py`), which reads the weight
-  once at close to the memory's bandwidth. Up to `PANEL_ROWS` rows it beat both `F.linear` and
-  oneDNN's packed GEMM on SmolLM2's projections (8 rows: 1.3-1.7x oneDNN's, 32 rows: 1.2-1.3x
-  `F.linear`'s, `benchmarks/packed_gemm.py`); past them `F.linear` on the model's weight, where
-  re-blocking is amortised (oneDNN's packing no longer paid from 64 rows).
-- bfloat16, where the CPU has it: oneDNN's blocked layout, run on AMX (at 8 rows 255-466 GFLOPS
-  against `F.linear`'s 145-228; at 32 rows 792-1,240 against 533-722).
+library re-blocks it for its micro-kernel on every call, reading it from memory again each time (a
+pass's weights never stay in cache). So a weight is laid out once:
+- float32: in panels for the streamed kernel (`engine/streamed_gemm.py`), at every row count. At
+  decoding's few rows a GEMM is a read of its weight, and the kernel reads it once at close to the
+  memory's bandwidth; at prefill's hundreds of rows each panel stays in cache while every row block
+  passes over it, and the kernel computes near the machine's float32 peak, where `F.linear` lost a
+  fifth to its re-blocking (`benchmarks/packed_gemm.py`).
+- bfloat16, where the CPU has it: in panels up to `PANEL_ROWS` rows, and in oneDNN's blocked layout,
+  run on AMX, past them (at 8 rows 255-466 GFLOPS against `F.linear`'s 145-228; at 32 rows
+  792-1,240 against 533-722).
 Inductor's weight freezing does the same packing; doing it here keeps the step eager, with nothing
 to compile or warm up per shape.
 
@@ -21,19 +21,23 @@ bfloat16 instructions) a layer is plain `F.linear` on the model's weight.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from specbatch.engine.streamed_gemm import Panels
 
-# the most rows the streamed kernel serves, by dtype. float32: from 64 rows on `F.linear` matched it
-# (SmolLM2's projections, weights streamed from memory, GFLOPS at 64 / 128 rows: streamed 165-193 /
-# 209-259, `F.linear` 150-170 / 210-249). bfloat16: AMX's GEMM computes faster than the dot products
-# stream from about 8 rows (streamed ÷ oneDNN at 1 / 4 / 8 / 16 rows: 1.30-1.85 / 1.06-1.47 /
-# 0.85-1.27 / 0.45-0.69; the output layer 0.98 / 0.82 / 0.62 / 0.37); SmolLM2's whole bfloat16 pass,
-# ms with 4 / 8 / 16 as the bound: 1 row x 5 positions 38.7-40.9 / 36.9-37.6 / 37.9-40.0, 2 x 5
-# 41.3-42.2 / 41.7-43.1 / 49.7-51.1, 8 x 1 45.9-46.0 / 45.2-45.7 / 45.1-48.7 (`benchmarks/model_step.py`)
-PANEL_ROWS = {torch.float32: 64, torch.bfloat16: 8}
+# the most rows the streamed kernel serves, by dtype. float32: every count. SmolLM2's projections,
+# weights streamed from memory, GFLOPS streamed / `F.linear` at 64, 128, 256, 512 and 1,024 rows:
+# 162-201 / 78-114, 166-202 / 108-149, 184-200 / 119-166, 179-201 / 138-160, 179-200 / 141-172
+# (the output layer 103-176 / 56-131); a whole 160-token prefill pass 204 against 238-312 ms.
+# bfloat16: AMX's GEMM computes faster than the dot products stream from about 8 rows (streamed ÷
+# oneDNN at 1 / 4 / 8 / 16 rows: 1.30-1.85 / 1.06-1.47 / 0.85-1.27 / 0.45-0.69; the output layer
+# 0.98 / 0.82 / 0.62 / 0.37); SmolLM2's whole bfloat16 pass, ms with 4 / 8 / 16 as the bound: 1 row x
+# 5 positions 38.7-40.9 / 36.9-37.6 / 37.9-40.0, 2 x 5 41.3-42.2 / 41.7-43.1 / 49.7-51.1, 8 x 1
+# 45.9-46.0 / 45.2-45.7 / 45.1-48.7 (`benchmarks/model_step.py`)
+PANEL_ROWS = {torch.float32: math.inf, torch.bfloat16: 8}
 
 
 def packs(weight: torch.Tensor) -> bool:
@@ -64,7 +68,7 @@ class PackedLinear:
         return self._streaming(x) is not None or (self.packed is not None and x.dtype == self.weight.dtype)
 
     def _streaming(self, x: torch.Tensor) -> Panels | None:
-        """The panels `x` streams through, if it is few rows the kernel takes."""
+        """The panels `x` streams through, if the kernel takes it at its dtype's row count."""
         if self.panels is not None and x.shape[0] <= PANEL_ROWS.get(x.dtype, 0) and self.panels.takes(x):
             return self.panels
         return None

@@ -1,10 +1,13 @@
-"""The few-row GEMM that streams its weight once (`kernels/streamed_gemm.c`), for decoding passes on a CPU.
+"""The GEMM that streams its weight once (`kernels/streamed_gemm.c`): every float32 pass on a CPU, and
+bfloat16's decoding rows.
 
 At decoding's row counts a GEMM is a read of its weight, and oneDNN's packed GEMM reached about
-half of this machine's memory bandwidth there (the C file has the figures). The kernel reads a
-copy of the weight laid out in panels (`Panels`), so each panel is one contiguous stream. Where the
-library cannot be built, or the tensors are not ones it takes (another dtype or device, not
-contiguous), nothing is packed and the caller runs oneDNN or `F.linear`.
+half of this machine's memory bandwidth there (the C file has the figures); at a prefill's hundreds
+of rows `F.linear` re-blocks the weight on every call, where the kernel keeps each panel in cache
+while the rows pass over it. The kernel reads a copy of the weight laid out in panels (`Panels`), so
+each panel is one contiguous stream. Where the library cannot be built, or the tensors are not ones
+it takes (another dtype or device, not contiguous), nothing is packed and the caller runs oneDNN or
+`F.linear`.
 """
 
 from __future__ import annotations
