@@ -6,7 +6,7 @@ projection shapes, with each weight read from memory as in a real pass (copies o
     python benchmarks/packed_gemm.py --rows 1,4,8,16,32,64 --dtype float32,bfloat16
 
 Prints GFLOPS per shape and way, and the weight's bytes per second through the streamed kernel.
-`engine/packed_linear.PANEL_ROWS` is where the streamed kernel stops winning. Run it alone: two
+`engine/panel_rows.py` measures where the streamed kernel stops winning, per machine. Run it alone: two
 torch processes on two cores slow each other several times over.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specbatch.engine.packed_linear import onednn_packs
+from specbatch.engine import onednn
 from specbatch.engine.streamed_gemm import Panels
 
 # SmolLM2-135M: fused q/k/v, attention output, gate (and up), down, the output layer
@@ -45,7 +45,7 @@ def timings(x: torch.Tensor, weights: list[torch.Tensor], packed: list[torch.Ten
     copies = len(weights)
     return [seconds_per_call(lambda i: F.linear(x, weights[i]), copies),
             None if packed is None else seconds_per_call(
-                lambda i: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], ""), copies),
+                lambda i: onednn.linear(x, packed[i], None), copies),
             None if panels is None else seconds_per_call(lambda i: panels[i].linear(x), copies)]
 
 
@@ -60,7 +60,7 @@ def main() -> None:
             size = out_features * in_features * dtype.itemsize
             copies = max(2, int(STREAMED_BYTES // size))
             weights = [torch.randn(out_features, in_features).to(dtype) for _ in range(copies)]
-            packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights] if onednn_packs(weights[0]) else None
+            packed = [onednn.pack(w) for w in weights] if onednn.packs(weights[0]) else None
             panels = [Panels(w, None) for w in weights] if Panels.packs(weights[0]) else None
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, in_features).to(dtype)

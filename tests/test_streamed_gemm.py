@@ -4,10 +4,13 @@ independent of the rows beside it and of the thread count, and post-ops rounding
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from specbatch.engine.packed_linear import PANEL_ROWS, PackedLinear
+from specbatch.engine import packed_linear
+from specbatch.engine.packed_linear import PackedLinear
 from specbatch.engine.streamed_gemm import Panels, load, serves
 
 pytestmark = pytest.mark.skipif(load() is None, reason="no C compiler here")
@@ -86,13 +89,15 @@ def test_bfloat16_post_ops_apply_before_the_one_rounding(dtype):
     assert not torch.equal(panels.linear(x, "mul", other), panels.linear(x) * other)
 
 
-def test_a_float32_layer_streams_every_row_count_and_hands_strided_inputs_to_torch():
+def test_a_layer_streams_up_to_its_bound_and_hands_more_rows_or_strided_inputs_to_torch(monkeypatch):
     weight, bias = weights(64, 32, True)
     layer = PackedLinear(weight, bias)
-    for rows in (1, PANEL_ROWS[torch.bfloat16] + 1, 129, 400):
-        x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
-        assert layer.fuses(x)
-        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    for bound in (math.inf, 64):  # every count (float32 here), or the library's GEMM from 65 rows
+        monkeypatch.setattr(packed_linear, "panel_rows", lambda dtype, bound=bound: bound)
+        for rows in (1, 64, 65, 129, 400):
+            x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+            assert layer.fuses(x) == (rows <= bound)
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     strided = torch.randn(32, 8).t()
     assert not layer.fuses(strided)  # not contiguous: torch runs it
     torch.testing.assert_close(layer(strided), torch.nn.functional.linear(strided, weight, bias))

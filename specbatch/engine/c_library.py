@@ -14,16 +14,14 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from specbatch.engine.gguf_models import cache_root
+from specbatch.engine.host import machine
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +53,9 @@ def build(source: Path, flags: list[str]) -> ctypes.CDLL | None:
     if compiler is None:
         log.info("no C compiler: %s is not built, torch runs instead", source.name)
         return None
-    machine = " ".join([platform.node(), platform.machine(), torch.backends.cpu.get_cpu_capability()])
     headers = b"".join(header.read_bytes() for header in sorted(source.parent.glob("*.h")))  # what it may include
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join([compiler, *flags, *LINK_FLAGS, machine]).encode()
-                            ).hexdigest()[:16]
+    built_for = " ".join([compiler, *flags, *LINK_FLAGS, machine()])
+    digest = hashlib.sha256(source.read_bytes() + headers + built_for.encode()).hexdigest()[:16]
     library = cache_dir() / f"{source.stem}-{digest}.so"
     try:
         if not library.exists():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import torch
 
 from specbatch.config import JobConfig
 from specbatch.engine.forward import PagedModel
+from specbatch.engine.host import machine
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import job_buckets, resolve_cost_model
 from specbatch.sched.pass_profile import PassProfile, PassTiming, cached_profile, save_profile
@@ -75,12 +75,6 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(parameter.detach().flatten()[:64].float().cpu().numpy().tobytes())
     return digest.hexdigest()
-
-
-def machine() -> str:
-    """The host and its processor or accelerator, in words."""
-    accelerator = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-    return f"{platform.node()} {platform.machine()} {accelerator}"
 
 
 def job_cost_model(config: JobConfig, target: PagedModel, draft: PagedModel | None,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specbatch.engine.cost_profile import machine
 from specbatch.engine.gguf_models import cache_root
+from specbatch.engine.host import machine
 
 SIZE = 2048  # large enough that a matmul's own overhead is noise next to its FLOPs
 REPEATS = 5

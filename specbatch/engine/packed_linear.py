@@ -3,14 +3,14 @@
 `F.linear` on a CPU hands the weight to the GEMM library in PyTorch's row-major layout, and the
 library re-blocks it for its micro-kernel on every call, reading it from memory again each time (a
 pass's weights never stay in cache). So a weight is laid out once:
-- float32: in panels for the streamed kernel (`engine/streamed_gemm.py`), at every row count. At
-  decoding's few rows a GEMM is a read of its weight, and the kernel reads it once at close to the
-  memory's bandwidth; at prefill's hundreds of rows each panel stays in cache while every row block
-  passes over it, and the kernel computes near the machine's float32 peak, where `F.linear` lost a
-  fifth to its re-blocking (`benchmarks/packed_gemm.py`).
-- bfloat16, where the CPU has it: in panels up to `PANEL_ROWS` rows, and in oneDNN's blocked layout,
-  run on AMX, past them (at 8 rows 255-466 GFLOPS against `F.linear`'s 145-228; at 32 rows
-  792-1,240 against 533-722).
+- in panels for the streamed kernel (`engine/streamed_gemm.py`), float32 and, on CPUs with
+  AVX512-BF16, bfloat16, up to the rows where the library's GEMM overtakes it on this machine
+  (`engine/panel_rows.py`, measured once). At decoding's few rows a GEMM is a read of its weight,
+  and the kernel reads it once at close to the memory's bandwidth; at a prefill's hundreds of rows
+  it keeps each panel in cache while the rows pass over it.
+- bfloat16, where the CPU has it: also in oneDNN's blocked layout, for the rows past the panels'
+  (on AMX at 8 rows 255-466 GFLOPS against `F.linear`'s 145-228; at 32 rows 792-1,240 against
+  533-722). float32 past the panels' rows runs `F.linear`.
 Inductor's weight freezing does the same packing; doing it here keeps the step eager, with nothing
 to compile or warm up per shape.
 
@@ -21,34 +21,17 @@ bfloat16 instructions) a layer is plain `F.linear` on the model's weight.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
+from specbatch.engine import onednn
+from specbatch.engine.panel_rows import panel_rows
 from specbatch.engine.streamed_gemm import Panels
-
-# the most rows the streamed kernel serves, by dtype. float32: every count. SmolLM2's projections,
-# weights streamed from memory, GFLOPS streamed / `F.linear` at 64, 128, 256, 512 and 1,024 rows:
-# 162-201 / 78-114, 166-202 / 108-149, 184-200 / 119-166, 179-201 / 138-160, 179-200 / 141-172
-# (the output layer 103-176 / 56-131); a whole 160-token prefill pass 204 against 238-312 ms.
-# bfloat16: AMX's GEMM computes faster than the dot products stream from about 8 rows (streamed ÷
-# oneDNN at 1 / 4 / 8 / 16 rows: 1.30-1.85 / 1.06-1.47 / 0.85-1.27 / 0.45-0.69; the output layer
-# 0.98 / 0.82 / 0.62 / 0.37); SmolLM2's whole bfloat16 pass, ms with 4 / 8 / 16 as the bound: 1 row x
-# 5 positions 38.7-40.9 / 36.9-37.6 / 37.9-40.0, 2 x 5 41.3-42.2 / 41.7-43.1 / 49.7-51.1, 8 x 1
-# 45.9-46.0 / 45.2-45.7 / 45.1-48.7 (`benchmarks/model_step.py`)
-PANEL_ROWS = {torch.float32: math.inf, torch.bfloat16: 8}
 
 
 def packs(weight: torch.Tensor) -> bool:
     """Whether this weight is laid out for a CPU GEMM here (in panels, and in bfloat16 for oneDNN too)."""
-    return Panels.packs(weight) or onednn_packs(weight)
-
-
-def onednn_packs(weight: torch.Tensor) -> bool:
-    """Whether oneDNN runs this weight packed here (bfloat16 on a CPU with its instructions)."""
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return Panels.packs(weight) or onednn.packs(weight)
 
 
 class PackedLinear:
@@ -61,7 +44,7 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.panels = Panels(self.weight, self.bias) if Panels.packs(self.weight) else None
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight) if onednn_packs(self.weight) else None
+        self.packed = onednn.pack(self.weight) if onednn.packs(self.weight) else None
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether `x` goes through a laid-out weight, with the post-ops fused (else `F.linear`)."""
@@ -69,7 +52,7 @@ class PackedLinear:
 
     def _streaming(self, x: torch.Tensor) -> Panels | None:
         """The panels `x` streams through, if the kernel takes it at its dtype's row count."""
-        if self.panels is not None and x.shape[0] <= PANEL_ROWS.get(x.dtype, 0) and self.panels.takes(x):
+        if self.panels is not None and self.panels.takes(x) and x.shape[0] <= panel_rows(x.dtype):
             return self.panels
         return None
 
@@ -80,10 +63,7 @@ class PackedLinear:
             return panels.linear(x, op, None if other is None else other.contiguous())
         if self.packed is None or x.dtype != self.weight.dtype:
             return None
-        if op in ("none", "silu"):
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "swish" if op == "silu" else "none",
-                                                      [], "")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, op)
+        return onednn.linear(x, self.packed, self.bias, op, other)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if (fused := self._fused(x, "none")) is not None:

@@ -1,0 +1,92 @@
+"""How many rows the streamed GEMM serves at a dtype on this machine: measured once, cached.
+
+Where the panels (`engine/streamed_gemm.py`) stop beating the GEMM library depends on the CPU, not
+on the model. On an Intel Xeon with AMX, float32 `F.linear` matched the panels at 128 rows and
+oneDNN's bfloat16 GEMM on AMX passed them from 8; on an AMD EPYC (Zen 4) the float32 panels were
+1.2-1.5x `F.linear` at every count from 64 to 1,024 rows, since `F.linear` re-blocks a weight that a
+pass never finds in cache (`benchmarks/packed_gemm.py`). So each machine measures it: at 1, 2, 4,
+... 512 rows, the panels against the library (`F.linear` in float32, oneDNN's packed GEMM in
+bfloat16 where it runs) on weights cycled out of cache, both ways best of three, interleaved; the
+bound is the last count before the library first wins by a tenth (no bound if it never does up to
+512 rows). About a second per dtype, once: cached per machine, dtype, threads and torch version in
+`$SPECBATCH_CACHE_DIR/gemm/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from functools import cache, partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specbatch.engine import onednn
+from specbatch.engine.gguf_models import cache_root
+from specbatch.engine.host import machine
+from specbatch.engine.streamed_gemm import Panels
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+SHAPE = (1536, 768)  # out, in: a small decoder's projection
+MARGIN = 1.1  # the library's lead that ends the panels' range: a near tie is noise, not a loss
+CYCLED_BYTES = 64 << 20  # weights cycled per call, past a server's last-level cache
+ROUNDS = 3
+
+
+@cache
+def panel_rows(dtype: torch.dtype, directory: Path | None = None) -> float:
+    """The most rows the panels serve at `dtype` here (math.inf: every count; 0: none): read back where
+    this machine measured it, else measured and cached."""
+    if not Panels.packs(torch.empty(0, 2, dtype=dtype)):
+        return 0
+    key = "\n".join([machine(), str(dtype), str(torch.get_num_threads()), torch.__version__, str(ROWS), str(SHAPE)])
+    name = f"panel-rows-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    path = (directory or cache_root() / "gemm") / name
+    try:
+        saved = json.loads(path.read_text())
+        if saved["key"] == key:
+            return math.inf if saved["rows"] is None else int(saved["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or unreadable: measured again
+    rows = measure_panel_rows(dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"key": key, "rows": None if rows == math.inf else rows}, indent=1) + "\n")
+    os.replace(temporary, path)  # atomic: workers measuring at once each rename a whole file
+    return rows
+
+
+def measure_panel_rows(dtype: torch.dtype) -> float:
+    """The last of `ROWS` before the library's GEMM first beats the panels by `MARGIN` (math.inf if it
+    never does by the last)."""
+    generator = torch.Generator().manual_seed(0)
+    copies = max(2, -(-CYCLED_BYTES // (SHAPE[0] * SHAPE[1] * dtype.itemsize)))
+    weights = [torch.randn(SHAPE, generator=generator).to(dtype) for _ in range(copies)]
+    panels = [Panels(weight, None) for weight in weights]
+    packed = [onednn.pack(weight) for weight in weights] if onednn.packs(weights[0]) else None
+    bound = 0
+    for rows in ROWS:
+        x = torch.randn(rows, SHAPE[1], generator=generator).to(dtype)
+        streamed = [partial(panel.linear, x) for panel in panels]
+        library = ([partial(onednn.linear, x, weight, None) for weight in packed] if packed is not None
+                   else [partial(F.linear, x, weight) for weight in weights])
+        streamed_s = library_s = math.inf
+        for _ in range(ROUNDS):  # interleaved: a drift in the machine's speed falls on both
+            streamed_s, library_s = min(streamed_s, _cycle(streamed)), min(library_s, _cycle(library))
+        if library_s * MARGIN < streamed_s:
+            return bound
+        bound = rows
+    return math.inf
+
+
+def _cycle(calls: Sequence[Callable[[], object]]) -> float:
+    """Seconds for one call on each copy in turn."""
+    started = time.perf_counter()
+    for call in calls:
+        call()
+    return time.perf_counter() - started
