@@ -64,8 +64,11 @@ def test_every_row_reports_its_mfu_against_the_peak_measured_before_the_runs(tmp
     for result in results:
         assert result.gemm_peak_gflops == 100.0
         assert result.mfu == pytest.approx(result.tokens_per_s * 2 * num_params / 100e9)
+        # prompts and verify windows count too: more than one position a token
+        assert result.mfu_positions == pytest.approx(result.mfu * result.target_rows_per_token)
+        assert result.mfu_positions > result.mfu
     table = out.getvalue()
-    assert " MFU " in table and "100 GFLOPS float32 GEMM peak (2048³, measured)" in table
+    assert " MFU " in table and " MFU pos " in table and "100 GFLOPS float32 GEMM peak (2048³, measured)" in table
     write_json(results, tmp_path / "bench.json")
     assert all("mfu" in row for row in json.loads((tmp_path / "bench.json").read_text())["results"])
 
@@ -77,6 +80,7 @@ def test_a_row_that_did_not_run_has_no_mfu():
                          wall_s=0.0, error="ValueError: no")
     add_mfu([ran, failed], 10_000_000, peak)
     assert ran.mfu == pytest.approx(0.1) and failed.mfu is None  # 1000 × 2 × 10M = 20 of 200 GFLOPS
+    assert ran.mfu_positions is None  # a peer does not count its positions
 
 
 def _round(**values) -> RoundRecord:

@@ -99,6 +99,10 @@ class BenchResult:
     tokens_per_s: float
     batch_rows: int | None = None
     mfu: float | None = None  # tokens_per_s × 2 × the target's parameters ÷ gemm_peak_gflops (engine/gemm_peak.py)
+    # the same over every position the target computed (prompts, verify windows; padding apart): the
+    # share of the peak its passes kept busy. A job of long prompts and short answers has a low `mfu`
+    # however busy: at 4.4 positions a token (SmolLM2's instruct job) `mfu` stays under 23%
+    mfu_positions: float | None = None
     gemm_peak_gflops: float | None = None  # the machine's GEMM peak at the target's dtype
     ratio_vs_hf_generate: float | None = None  # at the same batch size
     ratio_vs_none: float | None = None  # to specbatch-none (eager) at the same batch size
@@ -394,16 +398,20 @@ def run_bench(num_prompts: int, max_new_tokens: int, batch_sizes: tuple[int, ...
 
 
 def add_mfu(results: list[BenchResult], num_params: int, peak: GemmPeak) -> list[BenchResult]:
-    """Set every row's MFU (rows that did not run keep None); returns `results`."""
+    """Set every row's MFU, and over every computed position where the row counts them (rows that did
+    not run keep None); returns `results`."""
     for result in results:
         if result.error is None:
             result.mfu, result.gemm_peak_gflops = mfu(result.tokens_per_s, num_params, peak.gflops), peak.gflops
+            if result.target_rows_per_token is not None:
+                result.mfu_positions = result.mfu * result.target_rows_per_token
     return results
 
 
 def mfu_basis(num_params: int, peak: GemmPeak) -> str:
     """The line under the table that says what MFU divides by."""
-    return f"MFU: tokens/s × 2 × {num_params / 1e6:.3g}M target parameters ÷ {peak.describe()}"
+    return (f"MFU: tokens/s × 2 × {num_params / 1e6:.3g}M target parameters ÷ {peak.describe()}; MFU pos: "
+            "the same over every position the target computed (prompts and verify windows, padding apart)")
 
 
 def _peer_valid_share(run: dict, prompts: list[BenchPrompt], tokenizer: Any) -> float | None:
@@ -517,7 +525,8 @@ def _median(runs: list[BenchResult]) -> BenchResult:
 
 
 COLUMNS = {"batch_rows": ("batch", ""), "name": ("name", ""), "tokens_per_s": ("tok/s", ".1f"),
-           "mfu": ("MFU", ".1%"), "ratio_vs_none": ("× none", ".3f"), "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
+           "mfu": ("MFU", ".1%"), "mfu_positions": ("MFU pos", ".1%"), "ratio_vs_none": ("× none", ".3f"),
+           "ratio_vs_hf_generate": ("× hf-gen", ".3f"),
            "target_passes_per_token": ("passes/tok", ".3f"), "target_rows_per_token": ("rows/tok", ".3f"),
            "padded_share": ("padded", ".3f"), "acceptance": ("accept", ".3f"), "alpha": ("α", ".3f"),
            "prefilled_share": ("prefilled", ".3f"), "prefill_padding_share": ("pf pad", ".3f"),
