@@ -45,6 +45,8 @@ class PackedLinear:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.panels = Panels(self.weight, self.bias) if Panels.packs(self.weight) else None
         self.packed = onednn.pack(self.weight) if onednn.packs(self.weight) else None
+        if self.panels is not None:
+            panel_rows(self.weight.dtype)  # measured at load, where a machine first meets it, not in a timed pass
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether `x` goes through a laid-out weight, with the post-ops fused (else `F.linear`)."""
