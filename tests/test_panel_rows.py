@@ -51,6 +51,12 @@ def test_an_unreadable_entry_is_measured_again(tmp_path, counted):
     assert panel_rows(torch.float32, tmp_path) == 64 and len(counted) == 2
 
 
+def test_a_cache_that_cannot_be_written_still_gives_the_measured_bound(tmp_path, counted):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the cache folder would go
+    assert panel_rows(torch.float32, blocked / "gemm") == math.inf and len(counted) == 1
+
+
 def test_a_dtype_the_panels_do_not_take_streams_no_rows(tmp_path, counted):
     assert panel_rows(torch.float64, tmp_path) == 0 and counted == []
 

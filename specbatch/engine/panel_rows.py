@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -30,6 +31,8 @@ from specbatch.engine import onednn
 from specbatch.engine.gguf_models import cache_root
 from specbatch.engine.host import machine
 from specbatch.engine.streamed_gemm import Panels
+
+log = logging.getLogger(__name__)
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SHAPE = (1536, 768)  # out, in: a small decoder's projection
@@ -54,10 +57,13 @@ def panel_rows(dtype: torch.dtype, directory: Path | None = None) -> float:
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: measured again
     rows = measure_panel_rows(dtype)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"key": key, "rows": None if rows == math.inf else rows}, indent=1) + "\n")
-    os.replace(temporary, path)  # atomic: workers measuring at once each rename a whole file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"key": key, "rows": None if rows == math.inf else rows}, indent=1) + "\n")
+        os.replace(temporary, path)  # atomic: workers measuring at once each rename a whole file
+    except OSError as error:  # a read-only cache: the next process measures again
+        log.warning("the streamed GEMM's row bound is not cached (%s)", error)
     return rows
 
 
