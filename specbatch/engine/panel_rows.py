@@ -3,12 +3,12 @@
 Where the panels (`engine/streamed_gemm.py`) stop beating the GEMM library depends on the CPU, not
 on the model. On an Intel Xeon with AMX, float32 `F.linear` matched the panels at 128 rows and
 oneDNN's bfloat16 GEMM on AMX passed them from 8; on an AMD EPYC (Zen 4) the float32 panels were
-1.2-1.5x `F.linear` at every count from 64 to 1,024 rows, since `F.linear` re-blocks a weight that a
+1.05-2.1x `F.linear` at every count from 64 to 1,024 rows, since `F.linear` re-blocks a weight that a
 pass never finds in cache (`benchmarks/packed_gemm.py`). So each machine measures it: at 1, 2, 4,
 ... 512 rows, the panels against the library (`F.linear` in float32, oneDNN's packed GEMM in
 bfloat16 where it runs) on weights cycled out of cache, both ways best of three, interleaved; the
 bound is the last count before the library first wins by a tenth (no bound if it never does up to
-512 rows). About a second per dtype, once: cached per machine, dtype, threads and torch version in
+512 rows). 1-2 s per dtype, once: cached per machine, dtype, threads and torch version in
 `$SPECBATCH_CACHE_DIR/gemm/`.
 """
 
