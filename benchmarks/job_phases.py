@@ -19,24 +19,13 @@ from dataclasses import fields
 
 from specbatch.config import load_config
 from specbatch.lab.bench import load_models_for, run_engine
-from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
-from specbatch.lab.prompts import BenchPrompt, heldout_prompts
-from specbatch.lab.workloads import WorkloadSize, shared_prefix_prompts
+from specbatch.lab.workloads import workload_prompts
 from specbatch.loop import Engine
 from specbatch.sched.lookahead import AdaptiveLookahead
 
 PHASES = ("plan_ms", "prefill_ms", "draft_ms", "verify_ms", "commit_ms")
 WORK = ("num_draft_rows", "num_lookup_rows", "num_indexed_tokens", "num_proposed", "num_accepted")
 POLICY_CATCH_UP_SAMPLES = next(f.default for f in fields(AdaptiveLookahead) if f.name == "min_job_samples")
-
-
-def workload_prompts(workload: str, tokenizer, num_prompts: int, max_new_tokens: int, seed: int) -> list[BenchPrompt]:
-    if workload == "heldout":
-        return heldout_prompts(tokenizer, num_prompts, max_new_tokens, seed=seed)
-    if workload in INSTRUCT_WORKLOADS:
-        return instruct_workload_prompts(workload, tokenizer, num_prompts, max_new_tokens, seed=seed)
-    return shared_prefix_prompts(workload, tokenizer, num_prompts, WorkloadSize(max_new_tokens=max_new_tokens),
-                                 seed=seed)
 
 
 def main() -> None:

@@ -16,15 +16,14 @@ import statistics
 from specbatch.config import load_config
 from specbatch.engine import packed_linear
 from specbatch.lab.bench import load_models_for, run_engine
-from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
-from specbatch.lab.prompts import heldout_prompts
+from specbatch.lab.workloads import workload_prompts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
     parser.add_argument("--bounds", default="64,inf", help="row bounds to compare (inf: every count)")
-    parser.add_argument("--workload", default="heldout", help="heldout | instruct | code | json ...")
+    parser.add_argument("--workload", default="heldout", help="heldout | instruct | json | fewshot | ...")
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -34,11 +33,7 @@ def main() -> None:
     config = load_config(None, [*args.overrides, f"drafter.kind={args.drafter}",
                                 f"scheduler.max_batch_rows={args.batch_size}"])
     models = load_models_for(config, [args.drafter])
-    if args.workload in INSTRUCT_WORKLOADS:
-        prompts = instruct_workload_prompts(args.workload, models.tokenizer, args.prompts, args.max_new_tokens,
-                                            seed=config.seed)
-    else:
-        prompts = heldout_prompts(models.tokenizer, args.prompts, args.max_new_tokens, seed=config.seed)
+    prompts = workload_prompts(args.workload, models.tokenizer, args.prompts, args.max_new_tokens, config.seed)
     measured = packed_linear.panel_rows
     bounds = [float(bound) for bound in args.bounds.split(",")]
     run_engine(config, models, prompts)  # warm

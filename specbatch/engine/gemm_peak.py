@@ -13,9 +13,6 @@ on a 2-core CPU). It is cached per machine, device, dtype, threads and torch ver
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specbatch.engine.gguf_models import cache_root
-from specbatch.engine.host import machine
+from specbatch.engine.host import measured_once
 
 SIZE = 2048  # large enough that a matmul's own overhead is noise next to its FLOPs
 REPEATS = 5
@@ -69,18 +66,7 @@ def measure_gflops(dtype: torch.dtype, device: str = "cpu", size: int = SIZE, re
 def gemm_peak(dtype: torch.dtype, device: str = "cpu", directory: Path | None = None) -> GemmPeak:
     """The peak at `dtype` on `device`: read from the cache where this machine measured it, else measured
     (about a second) and cached."""
-    key = "\n".join([machine(), str(torch.device(device)), dtype_name(dtype), str(torch.get_num_threads()),
-                     torch.__version__, str(SIZE)])
-    path = (directory or cache_root() / "gemm") / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-    try:
-        saved = json.loads(path.read_text())
-        if saved["key"] == key:
-            return GemmPeak(float(saved["gflops"]), dtype, SIZE, cached=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent or unreadable: measured again
-    gflops = measure_gflops(dtype, device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"key": key, "gflops": gflops}, indent=1) + "\n")
-    os.replace(temporary, path)  # atomic: two benches measuring at once each rename a whole file
-    return GemmPeak(gflops, dtype, SIZE, cached=False)
+    what = "\n".join(["gemm peak", str(torch.device(device)), dtype_name(dtype), str(torch.get_num_threads()),
+                      torch.__version__, str(SIZE)])
+    gflops, cached = measured_once(directory or cache_root() / "gemm", what, lambda: measure_gflops(dtype, device))
+    return GemmPeak(gflops, dtype, SIZE, cached)

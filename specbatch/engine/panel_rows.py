@@ -14,11 +14,7 @@ bound is the last count before the library first wins by a tenth (no bound if it
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from functools import cache, partial
@@ -29,10 +25,8 @@ import torch.nn.functional as F
 
 from specbatch.engine import onednn
 from specbatch.engine.gguf_models import cache_root
-from specbatch.engine.host import machine
+from specbatch.engine.host import measured_once
 from specbatch.engine.streamed_gemm import Panels
-
-log = logging.getLogger(__name__)
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SHAPE = (1536, 768)  # out, in: a small decoder's projection
@@ -47,24 +41,9 @@ def panel_rows(dtype: torch.dtype, directory: Path | None = None) -> float:
     this machine measured it, else measured and cached."""
     if not Panels.packs(torch.empty(0, 2, dtype=dtype)):
         return 0
-    key = "\n".join([machine(), str(dtype), str(torch.get_num_threads()), torch.__version__, str(ROWS), str(SHAPE)])
-    name = f"panel-rows-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-    path = (directory or cache_root() / "gemm") / name
-    try:
-        saved = json.loads(path.read_text())
-        if saved["key"] == key:
-            return math.inf if saved["rows"] is None else int(saved["rows"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent or unreadable: measured again
-    rows = measure_panel_rows(dtype)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"key": key, "rows": None if rows == math.inf else rows}, indent=1) + "\n")
-        os.replace(temporary, path)  # atomic: workers measuring at once each rename a whole file
-    except OSError as error:  # a read-only cache: the next process measures again
-        log.warning("the streamed GEMM's row bound is not cached (%s)", error)
-    return rows
+    what = "\n".join(["panel rows", str(dtype), str(torch.get_num_threads()), torch.__version__, str(ROWS),
+                      str(SHAPE)])
+    return measured_once(directory or cache_root() / "gemm", what, lambda: measure_panel_rows(dtype))[0]
 
 
 def measure_panel_rows(dtype: torch.dtype) -> float:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbatch.data.shards import PromptEncoder
-from specbatch.lab.prompts import BenchPrompt
+from specbatch.lab.instruct_workloads import INSTRUCT_WORKLOADS, instruct_workload_prompts
+from specbatch.lab.prompts import BenchPrompt, heldout_prompts
 from specbatch.models.corpus import documents
 
 LABELS = ("code", "prose")
@@ -53,6 +54,18 @@ def shared_prefix_prompts(kind: str, tokenizer: Any, num_prompts: int, size: Wor
         prompts.append(BenchPrompt(f"{name}-{index:05d}", name, tuple(prefix_ids[index % len(prefixes)] + suffix),
                                    size.max_new_tokens))
     return prompts
+
+
+def workload_prompts(workload: str, tokenizer: Any, num_prompts: int, max_new_tokens: int,
+                     seed: int) -> list[BenchPrompt]:
+    """A bench workload's prompts by name: `heldout`, an instruct workload, or a shared-prefix kind
+    at its default size (the benchmark scripts' `--workload`)."""
+    if workload == "heldout":
+        return heldout_prompts(tokenizer, num_prompts, max_new_tokens, seed=seed)
+    if workload in INSTRUCT_WORKLOADS:
+        return instruct_workload_prompts(workload, tokenizer, num_prompts, max_new_tokens, seed=seed)
+    return shared_prefix_prompts(workload, tokenizer, num_prompts, WorkloadSize(max_new_tokens=max_new_tokens),
+                                 seed=seed)
 
 
 def _excerpt(rng: random.Random, snippets: list[str], max_chars: int) -> str:
