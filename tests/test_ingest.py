@@ -240,6 +240,43 @@ def test_an_openai_parameter_specbatch_does_not_honour_drops_its_record_by_name(
     assert request.drop_reason == "unsupported_parameter" and named in (request.drop_message or ""), request
 
 
+@pytest.mark.parametrize(("record", "named"), [
+    ({"max_tokens": 20}, "name it max_new_tokens (or map it: --column max_new_tokens=max_tokens)"),
+    ({"choices": ["yes", "no"]}, "name it choice"), ({"guided_choice": ["a"]}, "name it choice"),
+    ({"guided_json": {"type": "object"}}, "name it json_schema"), ({"guided_regex": "[0-9]+"}, "name it regex"),
+    ({"structured_outputs": {"choice": ["a"]}}, "one of response_format, json_schema, regex, choice, grammar"),
+])
+def test_another_engines_field_for_what_specbatch_names_otherwise_drops_its_record(record, named) -> None:
+    """Kept as metadata it would be ignored: a constraint run unconstrained, a length at the default."""
+    from specbatch.config import SamplingDefaults
+
+    validate = Validator(SamplingDefaults())
+    request = validate(RawRecord(0, {"id": "r", "prompt": "x", **record}))
+    assert request.drop_reason == "misnamed_field" and named in (request.drop_message or ""), request
+    assert request.request_id == "r"
+
+
+@pytest.mark.parametrize("record", [
+    {"max_tokens": 20, "max_new_tokens": 8},  # our field given: the other is metadata, as any unknown field
+    {"choices": None}, {"choices": ["a", "b"], "choice": ["a", "b"]}, {"guided_json": {}, "regex": "a+"},
+])
+def test_another_engines_field_beside_ours_or_null_is_metadata(record) -> None:
+    from specbatch.config import SamplingDefaults
+
+    request = Validator(SamplingDefaults())(RawRecord(0, {"id": "r", "prompt": "x", **record}))
+    assert request.drop_reason is None, request.drop_message
+    extra = {key: value for key, value in record.items() if key not in ("max_new_tokens", "choice", "regex")}
+    assert json.loads(request.metadata or "{}") == extra
+
+
+def test_a_column_map_reads_another_engines_field() -> None:
+    from specbatch.config import SamplingDefaults
+
+    request = Validator(SamplingDefaults(), column_map={"max_new_tokens": "max_tokens"})(
+        RawRecord(0, {"id": "r", "prompt": "x", "max_tokens": 20}))
+    assert request.drop_reason is None and request.max_new_tokens == 20
+
+
 def test_openai_batch_corpus(tmp_path: Path) -> None:
     dataset = write_lines(tmp_path / "batch.jsonl", [line for line, _ in OPENAI_CORPUS])
     assert detect_format(dataset) == "openai_batch"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbatch.config import SamplingDefaults
-from specbatch.data.constraints import ConstraintChecker, ConstraintError, parse_constraint
+from specbatch.data.constraints import CONSTRAINT_FIELDS, ConstraintChecker, ConstraintError, parse_constraint
 from specbatch.data.ingest import FIELDS, MAX_RECORD_BYTES, RawRecord
 from specbatch.data.openai_params import unhonoured
 
@@ -61,6 +61,25 @@ DROP_REASONS: dict[str, str] = {
     "unsupported_parameter": "a parameter value specbatch cannot honour (n > 1, logprobs, tools, stream, ...)",
     "prompt_too_long": "the prompt has more tokens than the model context / KV capacity allows",
     "invalid_constraint": "response_format / json_schema / regex / choice / grammar is malformed or does not compile",
+    "misnamed_field": "a field other engines read (max_tokens, guided_json, choices, ...) that specbatch names apart",
+}
+
+# Fields other engines read (vLLM, SGLang, OpenAI) for what specbatch reads under another name. Kept as
+# metadata, such a field would be ignored: a record asking for a schema would run unconstrained, one
+# asking for 20 tokens would get the default. Where the record gives none of the fields it stands for
+# (a length, or any constraint), it is dropped naming the field to use (as the OpenAI body's
+# unhonoured parameters are).
+_LENGTH_FIELDS = ("max_new_tokens",)
+MISNAMED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {  # field: (specbatch's name, the fields it stands for)
+    "max_tokens": ("max_new_tokens", _LENGTH_FIELDS),
+    "max_completion_tokens": ("max_new_tokens", _LENGTH_FIELDS),
+    "choices": ("choice", CONSTRAINT_FIELDS),
+    "guided_choice": ("choice", CONSTRAINT_FIELDS),
+    "guided_json": ("json_schema", CONSTRAINT_FIELDS),
+    "guided_regex": ("regex", CONSTRAINT_FIELDS),
+    "guided_grammar": ("grammar", CONSTRAINT_FIELDS),
+    "structured_outputs": ("one of " + ", ".join(CONSTRAINT_FIELDS), CONSTRAINT_FIELDS),
+    "guided_decoding": ("one of " + ", ".join(CONSTRAINT_FIELDS), CONSTRAINT_FIELDS),
 }
 
 
@@ -168,7 +187,18 @@ class Validator:
         request.request_id = self._claim_id(fields.get("id"), "id", request.position)
         if record.keys() <= self.known_sources:
             return fields, {}
-        return fields, {key: value for key, value in record.items() if key not in self.known_sources}
+        extra = {key: value for key, value in record.items() if key not in self.known_sources}
+        self._refuse_misnamed(extra, fields)
+        return fields, extra
+
+    def _refuse_misnamed(self, extra: dict[str, Any], fields: dict[str, Any]) -> None:
+        """Drop a record that asks, under another engine's name, for what specbatch would not do."""
+        for key in sorted(extra.keys() & MISNAMED_FIELDS.keys()):
+            ours, stands_for = MISNAMED_FIELDS[key]
+            if extra[key] is not None and all(fields.get(name) is None for name in stands_for):
+                hint = f"give it as {ours}" if ours.startswith("one of") else \
+                    f"name it {ours} (or map it: --column {ours}={key})"
+                raise Drop("misnamed_field", f"field {key!r} is not read by specbatch, which would ignore it: {hint}")
 
     def _split_openai(self, record: dict[str, Any], request: Request) -> _Split:
         if record.get("custom_id") is None:
