@@ -61,33 +61,6 @@ def test_each_row_takes_the_drafter_worth_most_at_plain_decodings_price():
     assert rows[2].drafter != "draft"
 
 
-def test_a_lookups_match_share_is_counted_per_row_and_drafter_and_forgotten_with_the_row():
-    alphas, row, other = _alphas(), _row("a", "code"), _row("b", "code")
-    assert alphas.match_rate(row) == 1.0  # before any lookup: priced as before, every lookup drafts
-    for matched in [True] + [False] * 15:
-        alphas.observe_lookup(row, matched)  # suffix, the first configured
-    assert alphas.match_rate(row) < alphas.match_rate(other) < 1.0  # the job's lookups in its domain, shrunk
-    assert alphas.match_rate(row, "ngram") == alphas.match_rate(_row("c", "chat")) == 1.0
-    alphas.forget(row)
-    assert alphas.match_rate(row) == alphas.match_rate(other)
-
-
-def test_a_lookup_that_rarely_finds_drafts_loses_to_one_that_always_does():
-    """Equal α over the drafts they proposed; suffix found some in 1 lookup of 8, n-gram in every one."""
-    alphas, rows = _alphas(), [_row(f"r{i}") for i in range(2)]
-    for row in rows:
-        for kind in ("suffix", "ngram"):
-            row.drafter = kind
-            for index in range(40):
-                alphas.observe_lookup(row, kind == "ngram" or index % 8 == 0)
-                alphas.observe_drafts(row, 4, 2)
-    free = RoundCostModel(CostModel(0.0, 10.0, 0.01, 0.5, 0.01, 0.0))
-    choose_drafters(alphas, free, rows, [4, 4], explore_z=0.0)
-    assert [row.drafter for row in rows] == ["ngram", "ngram"]
-    # the gain is the share that finds drafts times what drafts add
-    assert _gain(0.5, 4, 0.0, 0.0, 0.25) == pytest.approx(0.25 * (expected_tokens(0.5, 4) - 1))
-
-
 def test_one_drafter_chooses_nothing():
     row = _row("a")
     choose_drafters(DrafterAlphas(AcceptanceStats(), kinds=("ngram",)), RoundCostModel(recorded().fit()), [row], [4])

@@ -55,18 +55,6 @@ def test_free_lookups_draft_and_dear_ones_do_not():
     assert AdaptiveLookahead(suffix_context(DEAR_LOOKUPS)).choose(rows, [4] * 8) == [0] * 8
 
 
-def test_a_lookup_that_rarely_finds_drafts_is_not_worth_its_price():
-    """Lookups at a price free ones would repay: rows whose lookups found drafts every time draft,
-    rows whose lookups found drafts once in ten do not (their α, over the drafts found, is the same)."""
-    cheap = replace(CPU_DEMO_PROFILE, lookup_rows=0.3, lookup_tokens=0.0)
-    for share, drafts in ((1.0, True), (0.1, False)):
-        ctx, rows = suffix_context(cheap), indexed_rows(8)
-        for row in rows:
-            for index in range(40):
-                ctx.alphas.observe_lookup(row, index < 40 * share)
-        assert (max(AdaptiveLookahead(ctx).choose(rows, [4] * 8)) > 0) is drafts, share
-
-
 def test_a_row_whose_prompt_is_not_indexed_pays_for_indexing_it():
     """The same row drafts once its index is current, not while a long prompt is still to index for
     the 20 tokens it has left (the index's price is spread over the rounds the row may still draft)."""

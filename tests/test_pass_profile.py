@@ -90,15 +90,6 @@ def test_speedup_limit_is_the_formula_at_the_best_k():
     assert speedup_limit(dear, [0.0], [8], [0], [False]) == (1.0, 0)
 
 
-def test_speedup_limit_counts_only_the_lookups_that_find_drafts():
-    """A lookup that finds none commits the pending token alone: E = 1 + m·(E(α, K) − 1)."""
-    flat = RoundCostModel(CostModel(0.0, 10.0, 0.0, 0.0, 0.0, 0.0), uses_draft_model=False)
-    limit, k = speedup_limit(flat, [0.5], [4], [0], [False], [0.25])
-    assert (limit, k) == (pytest.approx(1 + 0.25 * ((1 - 0.5**5) / 0.5 - 1)), 4)
-    # a draft model's rows always draft: their share is not read
-    assert speedup_limit(flat, [0.5], [4], [0], [True], [0.25]) == speedup_limit(flat, [0.5], [4], [0], [True])
-
-
 def test_no_alpha_pays_where_a_position_costs_as_much_as_a_token():
     # every extra position costs a whole plain round: (k + 1) tokens for (k + 1)x the time at best
     linear = RoundCostModel(CostModel(0.0, 0.0, 1.0, 0.0, 0.0, 0.0), uses_draft_model=False)

@@ -66,8 +66,6 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     row.num_proposed += num_proposed
     row.num_accepted += outcome.num_accepted
     row.last_k = outcome.k
-    if outcome.k and not scheduler.ctx.drafts_with_model(row):
-        scheduler.ctx.alphas.observe_lookup(row, matched=num_proposed > 0)
     if num_proposed:
         row.accept_history.append((outcome.num_accepted, num_proposed))
         scheduler.stats.observe(row.domain, num_proposed, outcome.num_accepted)

@@ -59,7 +59,7 @@ class CostModel:
         return self.lookup_rows * num_rows + self.lookup_tokens * num_indexed_tokens
 
     def predict_ms(self, target_passes: int, target_rows: int, draft_passes: int = 0, draft_rows: float = 0,
-                   kv_tokens_read: int = 0, wide_kv_tokens_read: float = 0) -> float:
+                   kv_tokens_read: int = 0, wide_kv_tokens_read: int = 0) -> float:
         return (self.intercept_ms + self.target_passes * target_passes + self.target_rows * target_rows
                 + self.draft_passes * draft_passes + self.draft_rows * draft_rows
                 + self.kv_tokens_read * kv_tokens_read + self.wide_kv_tokens_read * wide_kv_tokens_read)

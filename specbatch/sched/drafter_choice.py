@@ -5,19 +5,18 @@ it would add to the row's committed tokens at the price plain decoding sets (λ�
 plain round of these rows), at the row's best k within its cap:
 
     gain_d = max_k  E(α_d, k) − 1 − λ₀ · (c_dr · (k − 1 + lag) + c_dp · k / n)     for a draft model,
-    gain_d = m_d · (E(α_d, cap) − 1) − λ₀ · (c_lr + c_lt · index lag / h)            for a lookup,
+    gain_d = E(α_d, cap) − 1 − λ₀ · (c_lr + c_lt · index lag / h)                    for a lookup,
 
 with α_d the row's acceptance under d (its own rounds with d, shrunk toward the job's rounds with d in
 its domain, shrunk toward the prior) at its upper confidence bound, so that a drafter the row has not
-tried is tried; m_d the chance a lookup by d finds drafts for the row (`AlphaTracker.match_rate`: α
-counts only the lookups that proposed); c_dr and c_dp a draft row's and a draft pass's price (a pass
-shared by the batch's n rows), the row's draft-cache lag spread over `switch_horizon` rounds (h); c_lr
-and c_lt a lookup's host time per row and per token its index catches up on (`SchedContext.index_lag`).
-The best gain wins (ties: the first configured). Verify positions cost the same whichever drafter filled
-them (the round-time model charges every row to the largest k), so they do not enter the choice; whether
-the row drafts at all, and how far, stays the lookahead policy's, which then reads the chosen drafter's
-α (`DrafterAlphas.alpha`) and prices draft-model work only for rows that use the model
-(`SchedContext.drafts_with_model`).
+tried is tried; c_dr and c_dp a draft row's and a draft pass's price (a pass shared by the batch's n
+rows), the row's draft-cache lag spread over `switch_horizon` rounds (h); c_lr and c_lt a lookup's host
+time per row and per token its index catches up on (`SchedContext.index_lag`). The best gain wins (ties: the
+first configured). Verify positions cost the same whichever drafter filled them (the round-time model
+charges every row to the largest k), so they do not enter the choice; whether the row drafts at all,
+and how far, stays the lookahead policy's, which
+then reads the chosen drafter's α (`DrafterAlphas.alpha`) and prices draft-model work only for
+rows that use the model (`SchedContext.drafts_with_model`).
 """
 
 from __future__ import annotations
@@ -91,7 +90,6 @@ class DrafterAlphas(AlphaTracker):
         return self.optimistic_alpha_of(row, self.kind(row), z)
 
     def forget(self, row: Row) -> None:
-        super().forget(row)
         for kind in self.kinds:
             self._own.pop((row.request_id, kind), None)
 
@@ -116,18 +114,16 @@ def choose_drafters(alphas: AlphaTracker, round_cost: RoundCostModel, rows: list
         model_lag = row_price * (draft_lag(row) - 1) / switch_horizon
         gains = [_gain(alphas.optimistic_alpha_of(row, kind, explore_z), cap,
                        *((model_price, model_lag) if kind in alphas.model_kinds else
-                         (0.0, plain_rate * cost.lookup_ms(1, index_lag(row, kind) / switch_horizon),
-                          alphas.match_rate(row, kind))))
+                         (0.0, plain_rate * cost.lookup_ms(1, index_lag(row, kind) / switch_horizon))))
                  for kind in alphas.kinds]
         row.drafter = alphas.kinds[max(range(len(gains)), key=lambda i: (gains[i], -i))]
 
 
-def _gain(alpha: float, cap: int, price: float, fixed: float, match: float = 1.0) -> float:
+def _gain(alpha: float, cap: int, price: float, fixed: float) -> float:
     """Expected tokens beyond plain decoding's one, less the drafts' price (`price` tokens a draft and
     `fixed` once), at the best k ≤ cap: the k-th draft adds α^k tokens, so the best k is the largest
     whose last draft is still worth its price, α^k ≥ price (planning runs this per row and drafter
-    every round: a closed form, not a search over k). A lookup (price 0) finds drafts with chance
-    `match`, and adds nothing when it finds none."""
+    every round: a closed form, not a search over k)."""
     if alpha >= 1.0:
         k = cap if price < 1.0 else 1
     elif price <= 0.0:
@@ -136,7 +132,7 @@ def _gain(alpha: float, cap: int, price: float, fixed: float, match: float = 1.0
         k = 1
     else:
         k = min(cap, max(1, int(math.log(price) / math.log(alpha))))
-    return match * (expected_tokens(alpha, k) - 1) - price * k - fixed
+    return expected_tokens(alpha, k) - 1 - price * k - fixed
 
 
 def probe_with_model(alphas: AlphaTracker, row: Row | None) -> None:

@@ -87,17 +87,6 @@ class AcceptanceStats:
 
 
 @dataclass
-class _Lookups:
-    """A lookup drafter's tries (rounds it was asked for drafts) and matches (rounds it found some)."""
-
-    num_lookups: int = 0
-    num_matched: int = 0
-
-    def share(self, prior: float, prior_weight: float) -> float:
-        return (self.num_matched + prior * prior_weight) / (self.num_lookups + prior_weight)
-
-
-@dataclass
 class _RowCounts:
     num_seen: int = 0  # accept_history entries already counted
     num_accepted: int = 0
@@ -111,10 +100,7 @@ class AlphaTracker:
 
     stats: AcceptanceStats
     row_prior_weight: float = 4.0
-    match_prior_weight: float = 8.0  # lookups a drafter's match share starts from (at 1: every lookup matches)
     _rows: dict[str, _RowCounts] = field(default_factory=dict)
-    _job_lookups: dict[tuple[str, str], _Lookups] = field(default_factory=dict)  # (domain, drafter)
-    _own_lookups: dict[str, dict[str, _Lookups]] = field(default_factory=dict)  # request id: drafter: lookups
 
     def alpha(self, row: Row) -> float:
         counts = self._counts(row)
@@ -140,28 +126,6 @@ class AlphaTracker:
 
     def forget(self, row: Row) -> None:
         self._rows.pop(row.request_id, None)
-        self._own_lookups.pop(row.request_id, None)
-
-    def kind(self, row: Row) -> str:
-        """The drafter the row drafts with, where the job has several ("" with one)."""
-        return ""
-
-    def observe_lookup(self, row: Row, matched: bool) -> None:
-        """A round the row asked its lookup drafter (n-gram, suffix) for drafts: whether it found any.
-        α counts only the drafts a lookup proposed, so without its misses a drafter that matches one
-        lookup in four would be priced as if every lookup drafted."""
-        kind = self.kind(row)
-        for counts in (self._job_lookups.setdefault((row.domain, kind), _Lookups()),
-                       self._own_lookups.setdefault(row.request_id, {}).setdefault(kind, _Lookups())):
-            counts.num_lookups += 1
-            counts.num_matched += int(matched)
-
-    def match_rate(self, row: Row, kind: str | None = None) -> float:
-        """The chance a lookup by the row's drafter (or `kind`) proposes drafts: the row's own share,
-        shrunk toward its domain's, shrunk toward 1 (as priced before any lookup)."""
-        kind = self.kind(row) if kind is None else kind
-        job = self._job_lookups.get((row.domain, kind), _Lookups()).share(1.0, self.match_prior_weight)
-        return self._own_lookups.get(row.request_id, {}).get(kind, _Lookups()).share(job, self.row_prior_weight)
 
     def observe_drafts(self, row: Row, num_proposed: int, num_accepted: int) -> None:
         """A verified round's drafts (the commit step): counted from `accept_history` here; a job of

@@ -40,23 +40,17 @@ class _Batch:
     # a flat pass's price per KV position of a row verifying drafts, on top of a plain row's (a bucketed
     # pass reads every row's KV wide once any row drafts: the batch's cost, not a row's)
     wide_kv_ms: float = 0.0
-    # the chance a lookup row's lookup finds drafts (`AlphaTracker.match_rate`; 1 for a draft model's rows):
-    # a miss commits the pending token alone, so row i's k drafts are worth 1 + m_i·(E(α_i, k) − 1)
-    matches: list[float] = field(default_factory=list)
     log_alphas: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.log_alphas = [math.log(a) for a in self.alphas]
         self.models = self.models or [True] * len(self.alphas)
-        self.matches = [1.0 if model else match for model, match in
-                        zip(self.models, self.matches or [1.0] * len(self.models), strict=True)]
         self.lags = [lag if model else 0.0 for lag, model in zip(self.lags, self.models, strict=True)]
         self.index_lags = [0.0 if model else lag for lag, model in
                            zip(self.index_lags or [0.0] * len(self.models), self.models, strict=True)]
         self.max_start = max(self.starts, default=0)
         self.sum_start = sum(self.starts)
-        self.expected = [_expected_table(a, cap, match) for a, cap, match in
-                         zip(self.alphas, self.caps, self.matches, strict=True)]
+        self.expected = [_expected_table(a, cap) for a, cap in zip(self.alphas, self.caps, strict=True)]
 
     @classmethod
     def of(cls, ctx: SchedContext, rows: list[Row], caps: list[int], horizon: float = 1.0,
@@ -88,17 +82,16 @@ class _Batch:
                    round_cost.draft_position_ms,
                    [lag / spread for lag, spread in zip(index_lags, spreads, strict=True)],
                    round_cost.cost.lookup_rows, round_cost.cost.lookup_tokens, round_cost.flat,
-                   wide_kv_ms=round_cost.cost.wide_kv_tokens_read if round_cost.flat else 0.0,
-                   matches=[1.0 if model else ctx.alphas.match_rate(r) for r, model in zip(rows, models, strict=True)])
+                   wide_kv_ms=round_cost.cost.wide_kv_tokens_read if round_cost.flat else 0.0)
 
     def shape(self, ks: list[int]) -> DecodeShape:
         drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
         lookups = [lag for k, lag, model in zip(ks, self.index_lags, self.models, strict=True) if k > 0 and not model]
-        wide = [(match, start) for start, k, match in zip(self.starts, ks, self.matches, strict=True) if k > 0]
+        wide_starts = [start for start, k in zip(self.starts, ks, strict=True) if k > 0]
         return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting),
                            max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting),
                            self.sum_start, sum(ks), sum(lag for _, lag in drafting), len(lookups), sum(lookups),
-                           sum(match for match, _ in wide), sum(match * start for match, start in wide))
+                           len(wide_starts), sum(wide_starts))
 
     def row_terms(self, index: int, rate: float, batch_lag: float = 0.0) -> tuple[float, float, float]:
         """(tokens one more draft position of row `index` costs at `rate` tokens per ms, its lag, and the
@@ -106,9 +99,8 @@ class _Batch:
         the lag its own (flat passes) or the batch's largest where step 0 pads to it (`batch_lag`); a
         lookup costs its host time whatever k (`fixed`), and any drafting row reads its KV as a wide row
         (`fixed`, at k = 1: a lower bound, as `_bound` needs). Verify positions are the batch's (every row
-        is charged to the largest k), so they are not the row's. A lookup reads its KV wide only when it
-        finds drafts."""
-        wide = rate * self.wide_kv_ms * (self.starts[index] + 2) * self.matches[index]
+        is charged to the largest k), so they are not the row's."""
+        wide = rate * self.wide_kv_ms * (self.starts[index] + 2)
         if not self.models[index]:
             return 0.0, 0.0, rate * (self.lookup_row_ms + self.index_token_ms * self.index_lags[index]) + wide
         if self.draft_ms <= 0:
@@ -228,7 +220,7 @@ class AdaptiveLookahead:
         for i, (table, a, log_a, cap) in enumerate(zip(batch.expected, batch.alphas, batch.log_alphas, batch.caps,
                                                        strict=True)):
             price, lag, fixed = batch.row_terms(i, rate)
-            k = _row_k(a, log_a, min(cap, k_max), price, lag, fixed, batch.matches[i])
+            k = _row_k(a, log_a, min(cap, k_max), price, lag, fixed)
             if k:
                 gains += table[k] - 1 - price * (k - 1 + lag) - fixed
         no_draft_rows = DecodeShape(len(batch.caps), batch.max_start, k_max, sum_start=batch.sum_start)
@@ -264,9 +256,8 @@ class AdaptiveLookahead:
         shape = batch.shape(ks)
         rate = batch.tokens(ks) / round_cost.decode_ms(shape)  # λ: tokens per ms
         for _ in range(self.num_iterations):
-            rows = zip(batch.alphas, batch.log_alphas, caps, batch.matches, strict=True)
-            new_ks = [_row_k(a, log_a, cap, *batch.row_terms(i, rate, shape.max_lag), match)
-                      for i, (a, log_a, cap, match) in enumerate(rows)]
+            new_ks = [_row_k(a, log_a, cap, *batch.row_terms(i, rate, shape.max_lag))
+                      for i, (a, log_a, cap) in enumerate(zip(batch.alphas, batch.log_alphas, caps, strict=True))]
             if new_ks == ks:
                 break
             ks, shape = new_ks, batch.shape(new_ks)
@@ -289,26 +280,24 @@ def _unproven_catch_ups(ctx: SchedContext, rows: list[Row], caps: list[int], cat
     return unproven
 
 
-def _expected_table(alpha: float, cap: int, match: float = 1.0) -> list[float]:
-    """1 + m·(E(α, k) − 1) for k = 0..cap, by E(α, k) = E(α, k − 1) + α^k (m: the chance drafts are
-    found at all): a batch's tokens become a sum of lookups."""
-    table, power = [1.0], match
+def _expected_table(alpha: float, cap: int) -> list[float]:
+    """E(α, k) for k = 0..cap, by E(α, k) = E(α, k − 1) + α^k: a batch's tokens become a sum of lookups."""
+    table, power = [1.0], 1.0
     for _ in range(cap):
         power *= alpha
         table.append(table[-1] + power)
     return table
 
 
-def _row_k(alpha: float, log_alpha: float, k_cap: int, price: float, lag: float, fixed: float = 0.0,
-           match: float = 1.0) -> int:
-    """argmax_k m·(E(α, k) − 1) − price·(k − 1 + lag) − fixed over k ∈ {0} ∪ {1..k_cap} (0 < α < 1,
-    0 < m ≤ 1; the last two only for k ≥ 1): the j-th draft adds m·α^j, worth it while that is ≥ price."""
+def _row_k(alpha: float, log_alpha: float, k_cap: int, price: float, lag: float, fixed: float = 0.0) -> int:
+    """argmax_k E(α, k) − price·(k − 1 + lag) − fixed over k ∈ {0} ∪ {1..k_cap} (0 < α < 1; the last
+    two only for k ≥ 1)."""
     if k_cap <= 0:
         return 0
     if price <= 0:
-        return k_cap if fixed <= 0 or match * (expected_tokens(alpha, k_cap) - 1.0) > fixed else 0
-    k_star = min(k_cap, max(1, int(math.log(price / match) / log_alpha)))
-    gain = match * (expected_tokens(alpha, k_star) - 1.0)
+        return k_cap if fixed <= 0 or expected_tokens(alpha, k_cap) - 1.0 > fixed else 0
+    k_star = min(k_cap, max(1, int(math.log(price) / log_alpha)))
+    gain = expected_tokens(alpha, k_star) - 1.0
     return k_star if gain > price * (k_star - 1 + lag) + fixed else 0
 
 

@@ -21,12 +21,9 @@ key of what was measured (model fingerprint, dtype, device, machine, threads, gr
 The speedup a round could have had (`speedup_limit`): with per-row acceptance α_i and caps, the
 largest k K (the verify pass pads every row to 1 + K), each row at min(K, cap_i),
 
-    limit = max_K  (Σ_i E_i(min(K, cap_i)) / n) / (T(K) / T(0)),   E_i(k) = 1 + m_i·(α_i + … + α_i^k),
+    limit = max_K  (Σ_i E(α_i, min(K, cap_i)) / n) / (T(K) / T(0)),   E(α, k) = (1 − α^(k+1)) / (1 − α),
 
-T the model's decode time of the batch (draft rows and passes included where a draft model drafts),
-m_i the chance a row's lookup finds drafts at all (1 for a draft model's rows): α counts only the
-lookups that proposed, so the limit of a lookup drafter that matches one lookup in four is what
-those lookups could do, not what drafts at every lookup could.
+T the model's decode time of the batch (draft rows and passes included where a draft model drafts).
 At α = 1 it bounds what any drafter could do: where it is ≤ 1 no α pays, and nothing is tried.
 """
 
@@ -159,26 +156,22 @@ def save_profile(profile: PassProfile, directory: Path | None = None, fallback: 
 
 
 def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[int], starts: list[int],
-                  model_rows: list[bool] | None = None, matches: list[float] | None = None) -> tuple[float, int]:
+                  model_rows: list[bool] | None = None) -> tuple[float, int]:
     """(limit, best K): the speedup over plain decoding the model and the rows' α allow at the best
     largest k (module docstring), `starts` the rows' first query positions; (1.0, 0) where no K beats
     plain decoding. `model_rows[i]`: row i's drafts come from a draft model (its rows and passes
-    priced; lag 1), else from a lookup (its host time priced, its index current) that finds drafts
-    with chance `matches[i]` (default 1)."""
+    priced; lag 1), else from a lookup (its host time priced, its index current)."""
     num_rows = len(alphas)
     if not num_rows or max(caps, default=0) == 0:
         return 1.0, 0
     model_rows = model_rows if model_rows is not None else [True] * num_rows
-    matches = [1.0 if model else match for model, match in
-               zip(model_rows, matches if matches is not None else [1.0] * num_rows, strict=True)]
     max_start, sum_start = max(starts), sum(starts)
     plain_ms = round_cost.decode_ms(DecodeShape(num_rows, max_start, sum_start=sum_start))
     best, best_k = 1.0, 0
-    powers, tokens = list(matches), float(num_rows)  # m_i·α_i^K, Σ_i E_i(min(K, cap_i))
+    powers, tokens = [1.0] * num_rows, float(num_rows)  # α_i^K, Σ_i E(α_i, min(K, cap_i))
     num_model, sum_model, sum_all = 0, 0, 0  # rows drafting with a model at K, their drafts, every row's
     num_lookup = sum(1 for cap, model in zip(caps, model_rows, strict=True) if cap >= 1 and not model)
-    wide = [(match, start) for start, cap, match in zip(starts, caps, matches, strict=True) if cap >= 1]  # verify rows
-    num_wide, sum_wide_start = sum(match for match, _ in wide), sum(match * start for match, start in wide)
+    wide_starts = [start for start, cap in zip(starts, caps, strict=True) if cap >= 1]  # rows verifying drafts
     for k_max in range(1, max(caps) + 1):
         for i, (alpha, cap) in enumerate(zip(alphas, caps, strict=True)):
             if cap >= k_max:
@@ -188,7 +181,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
                 if model_rows[i]:
                     num_model, sum_model = num_model + (k_max == 1), sum_model + 1
         shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model, sum_start,
-                            sum_all, num_model, num_lookup, num_wide, sum_wide_start)
+                            sum_all, num_model, num_lookup, num_wide=len(wide_starts), sum_wide_start=sum(wide_starts))
         speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
         if speedup > best:
             best, best_k = speedup, k_max
@@ -205,11 +198,10 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
     models = [ctx.drafts_with_model(row) for row in rows]
     plan.plain_ms = round_cost.decode_ms(DecodeShape.of(rows, [0] * len(rows)))
     ks = [k for _, k in plan.decode]
-    matches = [ctx.alphas.match_rate(row) for row in rows]
     plan.predicted_ms = plan.plain_ms if not any(ks) else round_cost.decode_ms(
-        DecodeShape.of(rows, ks, models, [ctx.index_lag(row) for row in rows], matches))
+        DecodeShape.of(rows, ks, models, [ctx.index_lag(row) for row in rows]))
     plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, starts,
-                                          models, matches)
+                                          models)
 
 
 def no_alpha_pays(round_cost: RoundCostModel, starts: list[int], max_k: int, uses_draft_model: bool,

@@ -27,9 +27,6 @@ Drafting by lookup (n-gram, suffix) runs no pass, but its host time is in the ro
     lookup ms = c_lr · rows drafting by lookup + c_lt · tokens their indexes catch up on
 (a suffix drafter indexes a row's tokens up to its pending one, `index_lag`: its whole prompt the first
 time). Priced, a lookup is no longer free, so plain decoding wins where it costs more than it commits.
-A lookup finds drafts only with its drafter's match share m (`AlphaTracker.match_rate`); a row whose
-lookup found none verifies its pending token alone and reads its KV as a plain row, so a lookup row
-counts m of a wide row.
 
 Every coefficient of the cost model is ≥ 0, so each prediction is monotone in rows, k and chunk size
 (the deadline prefill policy binary-searches over it).
@@ -59,34 +56,32 @@ class DecodeShape:
     sum_lag: float = 0  # Σ draft-cache lag over drafting rows (a flat draft step feeds each its own)
     num_lookup: int = 0  # rows drafting by lookup (k ≥ 1, no model): host time, no pass
     sum_index_lag: float = 0  # Σ tokens their indexes catch up on (`index_lag`)
-    num_wide: float = 0  # rows verifying drafts (k ≥ 1; a lookup's at its match share): they read KV wide
-    sum_wide_start: float = 0  # Σ num_computed over those rows, weighted alike
+    num_wide: int = 0  # rows verifying drafts (k ≥ 1, either kind): they read their KV as wide rows
+    sum_wide_start: int = 0  # Σ num_computed over those rows
 
     @classmethod
     def of(cls, rows: list[Row], ks: list[int], models: list[bool] | None = None,
-           index_lags: list[int] | None = None, matches: list[float] | None = None) -> DecodeShape:
+           index_lags: list[int] | None = None) -> DecodeShape:
         """`models[i]`: whether row i's drafts come from a draft model (default: every row's); a row
         drafting by lookup adds verify positions and its lookup's host time (`index_lags[i]`: tokens
-        its index catches up on, default 0), and finds drafts with chance `matches[i]` (default 1)."""
+        its index catches up on, default 0)."""
         shape = cls()
         for i, (row, k) in enumerate(zip(rows, ks, strict=True)):
             model = models is None or models[i]
             lag = draft_lag(row) if model else index_lags[i] if index_lags else 0
-            shape.add(row.num_computed, k, lag if k else 0, model, 1.0 if model or matches is None else matches[i])
+            shape.add(row.num_computed, k, lag if k else 0, model)
         return shape
 
-    def add(self, start: int, k: int, lag: float = 0, model: bool = True, match: float = 1.0) -> None:
-        """One more row; if it drafts (k ≥ 1), `lag` is its draft cache's with a model, else its index's,
-        and `match` the chance its lookup finds drafts."""
+    def add(self, start: int, k: int, lag: float = 0, model: bool = True) -> None:
+        """One more row; if it drafts (k ≥ 1), `lag` is its draft cache's with a model, else its index's."""
         self.num_rows += 1
         self.max_start = max(self.max_start, start)
         self.max_k = max(self.max_k, k)
         self.sum_start += start
         self.sum_all_k += k
         if k > 0:
-            wide = 1.0 if model else match
-            self.num_wide += wide
-            self.sum_wide_start += wide * start
+            self.num_wide += 1
+            self.sum_wide_start += start
         if k > 0 and model:
             self.num_drafting += 1
             self.max_lag = max(self.max_lag, lag)
