@@ -5,6 +5,9 @@ where the kernel's two layouts cross, `KERNEL_LANES` where it gives way to a gat
 
     python benchmarks/paged_attention_lanes.py --rows 32 --context 256 --query 1,2,3,5 --dtype float32,bfloat16
 
+`--layers 30 --shuffle` reads a model's worth of KV from memory, as a pass does (one layer's pools
+stay in cache across repeats), with blocks anywhere in the pool, as after rows free and take them.
+
 Run it alone: two torch processes on two cores slow each other several times over.
 """
 
@@ -19,18 +22,19 @@ from specbatch.engine import paged_cache, paged_kernel
 from specbatch.engine.paged_cache import build_layout
 
 
-def time_layer(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: paged_cache.PassLayout,
-               kernel: bool, repeats: int) -> float:
-    """Milliseconds for one layer's attention, the kernel forced on (whatever the lanes) or off."""
+def time_layers(q: torch.Tensor, pools: list[tuple[torch.Tensor, torch.Tensor]], layout: paged_cache.PassLayout,
+                kernel: bool, repeats: int) -> float:
+    """Milliseconds for every layer's attention, the kernel forced on (whatever the lanes) or off."""
     saved, lanes = paged_cache.KERNEL_MAX_QUERY_LEN, paged_kernel.KERNEL_LANES
     paged_cache.KERNEL_MAX_QUERY_LEN = saved if kernel else 0
     paged_kernel.KERNEL_LANES = 1 << 30
     try:
-        for _ in range(3):
+        for keys, values in pools[:3]:
             paged_cache.attend(q, keys, values, layout, 0.125)
         started = time.perf_counter()
         for _ in range(repeats):
-            paged_cache.attend(q, keys, values, layout, 0.125)
+            for keys, values in pools:
+                paged_cache.attend(q, keys, values, layout, 0.125)
         return (time.perf_counter() - started) / repeats * 1000
     finally:
         paged_cache.KERNEL_MAX_QUERY_LEN = saved
@@ -48,19 +52,23 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--block", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--layers", type=int, default=1, help="pools of as many layers, read in turn")
+    parser.add_argument("--shuffle", action="store_true", help="rows' blocks anywhere in the pool, not in order")
     args = parser.parse_args()
     per_row = -(-(args.context + 16) // args.block)
-    tables = [[row * per_row + index for index in range(per_row)] for row in range(args.rows)]
+    order = (torch.randperm(args.rows * per_row, generator=torch.Generator().manual_seed(0)) if args.shuffle
+             else torch.arange(args.rows * per_row))
+    tables = order.view(args.rows, per_row).tolist()
     print(f"{'dtype':9} {'query':>5} {'lanes':>5} {'kernel ms':>9} {'gather ms':>9} {'kernel/gather':>13}")
     for dtype in (getattr(torch, name) for name in args.dtype.split(",")):
         pool = (args.kv_heads, args.rows * per_row * args.block, args.head_dim)
-        keys, values = torch.randn(pool).to(dtype), torch.randn(pool).to(dtype)
+        pools = [(torch.randn(pool).to(dtype), torch.randn(pool).to(dtype)) for _ in range(args.layers)]
         for query_len in map(int, args.query.split(",")):
             layout = build_layout(tables, [args.context] * args.rows, [query_len] * args.rows, args.block,
                                   torch.device("cpu"))
             q = torch.randn(args.rows * query_len, args.heads, args.head_dim).to(dtype)
-            kernel = time_layer(q, keys, values, layout, True, args.repeats)
-            gather = time_layer(q, keys, values, layout, False, args.repeats)
+            kernel = time_layers(q, pools, layout, True, args.repeats)
+            gather = time_layers(q, pools, layout, False, args.repeats)
             lanes = query_len * args.heads // args.kv_heads
             print(f"{str(dtype).removeprefix('torch.'):9} {query_len:5} {lanes:5} {kernel:9.2f} {gather:9.2f} "
                   f"{kernel / gather:13.2f}")
