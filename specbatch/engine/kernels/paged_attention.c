@@ -230,11 +230,25 @@ static void NAME##_few(NAME##_chunk *w) {                                       
     memset(acc, 0, sizeof(VT) * w->lanes * value_chunks);                                                \
     for (int64_t first = 0; first < end; first += w->block_size) {                                       \
         int64_t count = NAME##_widen(w, w->v_pool, first, value_dim);                                    \
-        for (int64_t i = 0; i < count; i++) {                                                            \
-            const VT *value = (const VT *)(w->block + i * value_dim);                                    \
-            for (int64_t l = 0; l < w->lanes; l++) {                                                     \
-                QT weight = scores[l * stride * WIDTH + first + i];                                      \
-                for (int64_t m = 0; m < value_chunks; m++) acc[l * value_chunks + m] += weight * value[m]; \
+        for (int64_t l = 0; l < w->lanes; l++) { /* a lane's sums in registers across the block */      \
+            const QT *weight = scores + l * stride * WIDTH + first;                                      \
+            VT *to = acc + l * value_chunks;                                                             \
+            int64_t m = 0;                                                                               \
+            for (; m + 4 <= value_chunks; m += 4) {                                                      \
+                VT s0 = to[m], s1 = to[m + 1], s2 = to[m + 2], s3 = to[m + 3];                           \
+                for (int64_t i = 0; i < count; i++) {                                                    \
+                    const VT *value = (const VT *)(w->block + i * value_dim) + m;                        \
+                    s0 += weight[i] * value[0];                                                          \
+                    s1 += weight[i] * value[1];                                                          \
+                    s2 += weight[i] * value[2];                                                          \
+                    s3 += weight[i] * value[3];                                                          \
+                }                                                                                        \
+                to[m] = s0, to[m + 1] = s1, to[m + 2] = s2, to[m + 3] = s3;                              \
+            }                                                                                            \
+            for (; m < value_chunks; m++) {                                                              \
+                VT sum = to[m];                                                                          \
+                for (int64_t i = 0; i < count; i++) sum += weight[i] * ((const VT *)(w->block + i * value_dim))[m]; \
+                to[m] = sum;                                                                             \
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \
