@@ -66,23 +66,26 @@ def _random_pools(dtype: torch.dtype, num_blocks: int, dim: int, seed: int) -> t
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype):
+@pytest.mark.parametrize(("block", "start"), [(BLOCK, 37), (16, 37), (16, 160), (32, 121)])
+def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype, block, start):
     """Batch invariance, what keeps speculation's greedy output plain decoding's: a token verified in
     a row of 5 (lanes across the vector) attends exactly as when decoded alone (lanes across
-    dimensions), and either way of laying out the work gives the same bits."""
+    dimensions), and either way of laying out the work gives the same bits; with blocks of fewer
+    positions than a vector, of one vector (decoding scores whole groups of 16 keys) and of two, and
+    rows that end inside a group and on its edge."""
     if paged_kernel.load() is None:
         pytest.skip("no C compiler here")
-    dim, start, window = 64, 37, 5
-    keys, values = _random_pools(dtype, 12, dim, seed=1)
-    q = torch.randn(window, HEADS, dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    dim, window = 64, 5
     table = [5, 0, 9, 3, 11, 7, 2, 8, 1, 10, 4, 6]
-    verified = paged_cache.attend(q, keys, values, build_layout([table], [start], [window], BLOCK, torch.device("cpu")),
+    keys, values = _random_pools(dtype, len(table) * block // BLOCK, dim, seed=1)
+    q = torch.randn(window, HEADS, dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    verified = paged_cache.attend(q, keys, values, build_layout([table], [start], [window], block, torch.device("cpu")),
                                   0.125)
     decoded = paged_cache.attend(q, keys, values, build_layout([table] * window, [start + i for i in range(window)],
-                                                               [1] * window, BLOCK, torch.device("cpu")), 0.125)
+                                                               [1] * window, block, torch.device("cpu")), 0.125)
     assert torch.equal(verified, decoded)
     for few_lanes in (0, paged_kernel.KERNEL_LANES):  # every row across lanes, then every row across dimensions
         monkeypatch.setattr(paged_kernel, "FEW_LANES", few_lanes)
-        layout = build_layout([table] * 2, [start, start + 2], [window, 1], BLOCK, torch.device("cpu"))
+        layout = build_layout([table] * 2, [start, start + 2], [window, 1], block, torch.device("cpu"))
         both = paged_cache.attend(torch.cat([q, q[2:3]]), keys, values, layout, 0.125)
         assert torch.equal(both[:window], verified) and torch.equal(both[window], verified[2])
