@@ -242,7 +242,7 @@ def test_an_openai_parameter_specbatch_does_not_honour_drops_its_record_by_name(
 
 @pytest.mark.parametrize(("record", "named"), [
     ({"max_tokens": 20}, "name it max_new_tokens (or map it: --column max_new_tokens=max_tokens)"),
-    ({"choices": ["yes", "no"]}, "name it choice"), ({"guided_choice": ["a"]}, "name it choice"),
+    ({"guided_choice": ["a"]}, "name it choice"),
     ({"guided_json": {"type": "object"}}, "name it json_schema"), ({"guided_regex": "[0-9]+"}, "name it regex"),
     ({"structured_outputs": {"choice": ["a"]}}, "one of response_format, json_schema, regex, choice, grammar"),
 ])
@@ -258,7 +258,7 @@ def test_another_engines_field_for_what_specbatch_names_otherwise_drops_its_reco
 
 @pytest.mark.parametrize("record", [
     {"max_tokens": 20, "max_new_tokens": 8},  # our field given: the other is metadata, as any unknown field
-    {"choices": None}, {"choices": ["a", "b"], "choice": ["a", "b"]}, {"guided_json": {}, "regex": "a+"},
+    {"guided_json": None}, {"guided_choice": ["a", "b"], "choice": ["a", "b"]}, {"guided_json": {}, "regex": "a+"},
 ])
 def test_another_engines_field_beside_ours_or_null_is_metadata(record) -> None:
     from specbatch.config import SamplingDefaults
@@ -267,6 +267,18 @@ def test_another_engines_field_beside_ours_or_null_is_metadata(record) -> None:
     assert request.drop_reason is None, request.drop_message
     extra = {key: value for key, value in record.items() if key not in ("max_new_tokens", "choice", "regex")}
     assert json.loads(request.metadata or "{}") == extra
+
+
+def test_a_choices_field_is_data_as_often_as_a_request_so_it_is_kept_and_the_job_warns(tmp_path: Path, caplog) -> None:
+    """A multiple-choice benchmark carries its answer options as `choices`; vLLM reads the field as a
+    choice constraint. Kept as metadata, with one warning naming specbatch's field."""
+    lines = [jl(id=f"q{i}", prompt="2 + 2 =", choices=["3", "4"]) for i in range(3)]
+    with caplog.at_level("WARNING", logger="specbatch.data.shards"):
+        rows = run(write_lines(tmp_path / "d.jsonl", lines), tmp_path)
+    assert [row["drop_reason"] for row in rows] == [None] * 3
+    assert json.loads(rows[0]["metadata"]) == {"choices": ["3", "4"]}
+    warnings = [record.getMessage() for record in caplog.records if "'choices'" in record.getMessage()]
+    assert len(warnings) == 1 and "'choice'" in warnings[0], warnings
 
 
 def test_a_column_map_reads_another_engines_field() -> None:

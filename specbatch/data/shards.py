@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from specbatch.config import IOConfig, JobConfig
 from specbatch.data.ingest import DatasetSource, iter_records, resolve_dataset
 from specbatch.data.prefix_groups import shared_prefix_keys
-from specbatch.data.validate import Request, ValidationLimits, Validator
+from specbatch.data.validate import LOOKALIKE_FIELDS, Request, ValidationLimits, Validator
 from specbatch.faults import crash_point
 from specbatch.storage import TMP_SUFFIX, Location, Storage, is_url, open_input, open_storage
 
@@ -122,6 +122,9 @@ def shard_dataset(
     if storage.is_local:
         os.sync()  # one flush for all shards (an fsync per shard costs ~3 ms each) before a manifest lists them
     _log_summary(source.path, writer)
+    for name in sorted(validator.kept_lookalikes):
+        log.warning("records carry %r, kept as metadata and not read: specbatch's field is %r (map it with "
+                    "--column %s=%s if it is meant as one)", name, LOOKALIKE_FIELDS[name], LOOKALIKE_FIELDS[name], name)
     return writer.shards
 
 

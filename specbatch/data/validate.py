@@ -73,7 +73,6 @@ _LENGTH_FIELDS = ("max_new_tokens",)
 MISNAMED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {  # field: (specbatch's name, the fields it stands for)
     "max_tokens": ("max_new_tokens", _LENGTH_FIELDS),
     "max_completion_tokens": ("max_new_tokens", _LENGTH_FIELDS),
-    "choices": ("choice", CONSTRAINT_FIELDS),
     "guided_choice": ("choice", CONSTRAINT_FIELDS),
     "guided_json": ("json_schema", CONSTRAINT_FIELDS),
     "guided_regex": ("regex", CONSTRAINT_FIELDS),
@@ -81,6 +80,10 @@ MISNAMED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {  # field: (specbatch
     "structured_outputs": ("one of " + ", ".join(CONSTRAINT_FIELDS), CONSTRAINT_FIELDS),
     "guided_decoding": ("one of " + ", ".join(CONSTRAINT_FIELDS), CONSTRAINT_FIELDS),
 }
+# Fields other engines read for one of ours that datasets also carry as data (a multiple-choice
+# benchmark's `choices`, its answer options): kept as metadata, and the job warns once that they are
+# not read (`Validator.kept_lookalikes`).
+LOOKALIKE_FIELDS: dict[str, str] = {"choices": "choice"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ class Validator:
         self.known_sources = frozenset(self.sources.values())
         self.is_identity_map = all(name == source for name, source in self.sources.items())
         self.seen_ids: set[str] = set()
+        self.kept_lookalikes: set[str] = set()  # LOOKALIKE_FIELDS seen, kept as metadata
         self.constraints = ConstraintChecker(tokenizer)  # each distinct constraint compiled once
 
     def __call__(self, raw: RawRecord) -> Request:
@@ -188,11 +192,13 @@ class Validator:
         if record.keys() <= self.known_sources:
             return fields, {}
         extra = {key: value for key, value in record.items() if key not in self.known_sources}
-        self._refuse_misnamed(extra, fields)
+        self._check_other_engines_fields(extra, fields)
         return fields, extra
 
-    def _refuse_misnamed(self, extra: dict[str, Any], fields: dict[str, Any]) -> None:
-        """Drop a record that asks, under another engine's name, for what specbatch would not do."""
+    def _check_other_engines_fields(self, extra: dict[str, Any], fields: dict[str, Any]) -> None:
+        """Drop a record that asks, under another engine's name, for what specbatch would not do;
+        note a field that may be such a request or the record's data (`LOOKALIKE_FIELDS`)."""
+        self.kept_lookalikes.update(extra.keys() & LOOKALIKE_FIELDS.keys())
         for key in sorted(extra.keys() & MISNAMED_FIELDS.keys()):
             ours, stands_for = MISNAMED_FIELDS[key]
             if extra[key] is not None and all(fields.get(name) is None for name in stands_for):
