@@ -279,6 +279,9 @@ def test_a_choices_field_is_data_as_often_as_a_request_so_it_is_kept_and_the_job
     assert json.loads(rows[0]["metadata"]) == {"choices": ["3", "4"]}
     warnings = [record.getMessage() for record in caplog.records if "'choices'" in record.getMessage()]
     assert len(warnings) == 1 and "'choice'" in warnings[0], warnings
+    unread: dict[str, str] = {}
+    shard_dataset(write_lines(tmp_path / "d.jsonl", lines), tmp_path / "again", CONFIG, unread_fields=unread)
+    assert unread == {"choices": "choice"}  # what the job's summary names (`DatasetInfo.unread_fields`)
 
 
 def test_a_column_map_reads_another_engines_field() -> None:

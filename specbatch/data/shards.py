@@ -86,6 +86,7 @@ def shard_dataset(
     column_map: dict[str, str] | None = None,
     *,
     limits: ValidationLimits | None = None,
+    unread_fields: dict[str, str] | None = None,
 ) -> list[ShardInfo]:
     """Validate, tokenize and group every record of `dataset` into `job_dir/shards/`.
 
@@ -93,7 +94,9 @@ def shard_dataset(
     left by an earlier, interrupted call are removed first: sharding is deterministic, so a rerun
     writes the same shards. `max_prompt_tokens` is checked only when a tokenizer is given. A
     `DatasetSource` (from `resolve_dataset`, as `job.prepare` hands it on) is read as resolved;
-    a path is resolved here with `dataset_format` and `column_map`.
+    a path is resolved here with `dataset_format` and `column_map`. `unread_fields`, if given, gets
+    the fields kept as metadata that another engine would read for one of ours (`LOOKALIKE_FIELDS`:
+    field -> ours), for the job's summary to name.
     """
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
@@ -125,6 +128,8 @@ def shard_dataset(
     for name in sorted(validator.kept_lookalikes):
         log.warning("records carry %r, kept as metadata and not read: specbatch's field is %r (map it with "
                     "--column %s=%s if it is meant as one)", name, LOOKALIKE_FIELDS[name], LOOKALIKE_FIELDS[name], name)
+        if unread_fields is not None:
+            unread_fields[name] = LOOKALIKE_FIELDS[name]
     return writer.shards
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specbatch.data.shards import SHARDS_FOLDER, read_shard
@@ -37,6 +37,7 @@ class JobSummary:
     num_cancelled: int
     num_output_tokens: int
     drop_reasons: dict[str, int]
+    unread_fields: dict[str, str] = field(default_factory=dict)  # `DatasetInfo.unread_fields`
 
     @property
     def job_id(self) -> str:
@@ -61,7 +62,8 @@ def summarize(job_dir: Location) -> JobSummary:
         if row["status"] == "dropped":
             reasons[row["drop_reason"]] = reasons.get(row["drop_reason"], 0) + 1
     return JobSummary(str(job_dir), manifest.dataset.num_records, counts["completed"], counts["dropped"],
-                      counts["cancelled"], sum(r["num_output_tokens"] or 0 for r in results), reasons)
+                      counts["cancelled"], sum(r["num_output_tokens"] or 0 for r in results), reasons,
+                      dict(manifest.dataset.unread_fields))
 
 
 def finalize(job_dir: Location, stopped: bool = False, epoch: int = 0) -> JobSummary:

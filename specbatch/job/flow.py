@@ -313,7 +313,8 @@ def summary_to_dict(summary: JobSummary) -> dict:
 def summary_from_dict(data: dict) -> JobSummary:
     names = ("num_records", "num_completed", "num_dropped", "num_cancelled", "num_output_tokens",
              "drop_reasons")
-    return JobSummary(str(data["job_dir"]), *(data[name] for name in names))
+    return JobSummary(str(data["job_dir"]), **{name: data[name] for name in names},
+                      unread_fields=data.get("unread_fields", {}))
 
 
 def summary_markdown(outcome: dict) -> str:
@@ -321,6 +322,8 @@ def summary_markdown(outcome: dict) -> str:
             ("dropped", outcome["num_dropped"]), ("cancelled", outcome["num_cancelled"]),
             ("output tokens", outcome["num_output_tokens"])]
     rows += [(f"dropped: {reason}", count) for reason, count in sorted(outcome["drop_reasons"].items())]
+    rows += [(f"not read: {name}", f"kept as metadata; specbatch reads `{ours}`")
+             for name, ours in sorted(outcome.get("unread_fields", {}).items())]
     if "launcher" in outcome:
         rows += [("workers", f"{outcome['num_processes']} ({outcome['launcher']})")]
     lines = [f"# specbatch job `{location_name(outcome['job_dir'])}`", "", "| | |", "|---|---|"]

@@ -78,6 +78,7 @@ class DatasetInfo(_Model):
     num_records: int = 0
     num_dropped_at_ingest: int = 0
     column_map: dict[str, str] = {}
+    unread_fields: dict[str, str] = {}  # kept as metadata, though another engine reads them for ours: field -> ours
 
 
 class ShardEntry(_Model):

@@ -66,7 +66,8 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
     manifest.status, manifest.lease_epoch = "ingesting", epoch
     save_manifest(job_dir, manifest)
     tokenizer = load_tokenizer(config.models)
-    shards = shard_dataset(source, job_dir, config, tokenizer, max_prompt_tokens(config))
+    shards = shard_dataset(source, job_dir, config, tokenizer, max_prompt_tokens(config),
+                           unread_fields=manifest.dataset.unread_fields)
     manifest.set_shards(shards)
     manifest.status = "ready"
     save_manifest(job_dir, manifest)
