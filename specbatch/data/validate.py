@@ -61,7 +61,7 @@ DROP_REASONS: dict[str, str] = {
     "unsupported_parameter": "a parameter value specbatch cannot honour (n > 1, logprobs, tools, stream, ...)",
     "prompt_too_long": "the prompt has more tokens than the model context / KV capacity allows",
     "invalid_constraint": "response_format / json_schema / regex / choice / grammar is malformed or does not compile",
-    "misnamed_field": "a field other engines read (max_tokens, guided_json, choices, ...) that specbatch names apart",
+    "misnamed_field": "a field other engines read (max_tokens, guided_json, structured_outputs, ...) named apart",
 }
 
 # Fields other engines read (vLLM, SGLang, OpenAI) for what specbatch reads under another name. Kept as
