@@ -70,15 +70,16 @@ DROP_REASONS: dict[str, str] = {
 # (a length, or any constraint), it is dropped naming the field to use (as the OpenAI body's
 # unhonoured parameters are).
 _LENGTH_FIELDS = ("max_new_tokens",)
-MISNAMED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {  # field: (specbatch's name, the fields it stands for)
+# field: (specbatch's name, or None for any constraint field; the fields it stands for)
+MISNAMED_FIELDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "max_tokens": ("max_new_tokens", _LENGTH_FIELDS),
     "max_completion_tokens": ("max_new_tokens", _LENGTH_FIELDS),
     "guided_choice": ("choice", CONSTRAINT_FIELDS),
     "guided_json": ("json_schema", CONSTRAINT_FIELDS),
     "guided_regex": ("regex", CONSTRAINT_FIELDS),
     "guided_grammar": ("grammar", CONSTRAINT_FIELDS),
-    "structured_outputs": ("one of " + ", ".join(CONSTRAINT_FIELDS), CONSTRAINT_FIELDS),
-    "guided_decoding": ("one of " + ", ".join(CONSTRAINT_FIELDS), CONSTRAINT_FIELDS),
+    "structured_outputs": (None, CONSTRAINT_FIELDS),
+    "guided_decoding": (None, CONSTRAINT_FIELDS),
 }
 # Fields other engines read for one of ours that datasets also carry as data (a multiple-choice
 # benchmark's `choices`, its answer options): kept as metadata, and the job warns once that they are
@@ -202,7 +203,7 @@ class Validator:
         for key in sorted(extra.keys() & MISNAMED_FIELDS.keys()):
             ours, stands_for = MISNAMED_FIELDS[key]
             if extra[key] is not None and all(fields.get(name) is None for name in stands_for):
-                hint = f"give it as {ours}" if ours.startswith("one of") else \
+                hint = f"give it as one of {', '.join(stands_for)}" if ours is None else \
                     f"name it {ours} (or map it: --column {ours}={key})"
                 raise Drop("misnamed_field", f"field {key!r} is not read by specbatch, which would ignore it: {hint}")
 
