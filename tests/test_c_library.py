@@ -1,5 +1,6 @@
 """The C kernel builder (`engine/c_library.py`): a library is rebuilt when a header beside its source
-changes, not only when the source does (the kernels share `kernels/bfloat16.h`)."""
+changes, not only when the source does (the kernels share `kernels/bfloat16.h`); what was timed through
+the kernels is keyed by their sources."""
 
 from __future__ import annotations
 
@@ -28,3 +29,17 @@ def test_a_changed_header_rebuilds_the_library(tmp_path, monkeypatch):
         library.value(ctypes.byref(out))
         seen.append(out.value)
     assert seen == [1, 2]
+
+
+def test_the_sources_digest_follows_every_kernel_source_and_header(tmp_path, monkeypatch):
+    for source in c_library.SOURCES.iterdir():
+        shutil.copy(source, tmp_path)
+    monkeypatch.setattr(c_library, "SOURCES", tmp_path)
+    digests = [c_library.sources_digest()]
+    (tmp_path / "notes.txt").write_text("not a source")
+    digests.append(c_library.sources_digest())
+    for name in ("paged_attention.c", "bfloat16.h"):
+        with open(tmp_path / name, "a") as source:
+            source.write("/* changed */\n")
+        digests.append(c_library.sources_digest())
+    assert digests[0] == digests[1] and len(set(digests)) == 3

@@ -28,8 +28,21 @@ log = logging.getLogger(__name__)
 LINK_FLAGS = ["-shared", "-fopenmp"]
 
 
+SOURCES = Path(__file__).with_name("kernels")
+
+
 def cache_dir() -> Path:
     return cache_root() / "kernels"
+
+
+def sources_digest() -> str:
+    """A digest of every kernel source and header: what was timed through the kernels (a pass
+    profile, the panels' row bound) is measured again when one of them changes."""
+    digest = hashlib.sha256()
+    for source in sorted(SOURCES.iterdir()):
+        if source.suffix in {".c", ".h"}:
+            digest.update(source.name.encode() + source.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def load(source: Path, flags: list[str], signatures: dict[str, list[Any]], switch: str) -> ctypes.CDLL | None:

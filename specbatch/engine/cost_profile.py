@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from specbatch.config import JobConfig
+from specbatch.engine import c_library
 from specbatch.engine.forward import PagedModel
 from specbatch.engine.host import machine
 from specbatch.sched.costmodel import CostModel
@@ -56,10 +57,11 @@ def query_lens(max_lookahead: int) -> list[int]:
 
 def profile_key(config: JobConfig, target: PagedModel, draft: PagedModel | None) -> str:
     """What a profile's numbers depend on: the models' weights (fingerprint), dtype, device, graph
-    mode, threads, the machine, the shapes measured and the library versions."""
+    mode, threads, the machine, the shapes measured, the library versions and the kernels' sources."""
     parts = [model_fingerprint(target.model), model_fingerprint(draft.model) if draft else "-",
              str(next(target.model.parameters()).dtype), config.models.device, config.models.graphs,
              config.models.attn_implementation, str(torch.get_num_threads()), machine(), torch.__version__,
+             c_library.sources_digest(),
              repr(row_counts(config.scheduler.max_batch_rows)), repr(query_lens(config.max_lookahead)),
              repr(job_buckets(config)), str(target.max_len)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

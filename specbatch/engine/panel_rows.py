@@ -8,13 +8,12 @@ pass never finds in cache (`benchmarks/packed_gemm.py`). So each machine measure
 ... 512 rows, the panels against the library (`F.linear` in float32, oneDNN's packed GEMM in
 bfloat16 where it runs) on weights cycled out of cache, both ways best of three, interleaved; the
 bound is the last count before the library first wins by a tenth (no bound if it never does up to
-512 rows). 1-2 s per dtype, once: cached per machine, dtype, threads, torch version and kernel source
+512 rows). 1-2 s per dtype, once: cached per machine, dtype, threads, torch version and kernel sources
 in `$SPECBATCH_CACHE_DIR/gemm/` (a changed kernel is measured again).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -24,10 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specbatch.engine import onednn
+from specbatch.engine import c_library, onednn
 from specbatch.engine.gguf_models import cache_root
 from specbatch.engine.host import measured_once
-from specbatch.engine.streamed_gemm import SOURCE, Panels
+from specbatch.engine.streamed_gemm import Panels
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SHAPE = (1536, 768)  # out, in: a small decoder's projection
@@ -42,9 +41,8 @@ def panel_rows(dtype: torch.dtype, directory: Path | None = None) -> float:
     this machine measured it, else measured and cached."""
     if not Panels.packs(torch.empty(0, 2, dtype=dtype)):
         return 0
-    kernel = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
     what = "\n".join(["panel rows", str(dtype), str(torch.get_num_threads()), torch.__version__, str(ROWS),
-                      str(SHAPE), kernel])
+                      str(SHAPE), c_library.sources_digest()])
     return measured_once(directory or cache_root() / "gemm", what, lambda: measure_panel_rows(dtype))[0]
 
 
