@@ -1,7 +1,7 @@
 """Attention over the paged cache per layer: the in-place kernel against a gather and SDPA, by query
 positions per row, for a dtype, at a model's head shape. The kernel's time grows with lanes (query
 positions x query heads per KV head), the gather's barely; `engine/paged_kernel.FEW_LANES` is
-where the kernel's two layouts cross, `KERNEL_LANES` where it gives way to a gather.
+where the kernel's two layouts cross.
 
     python benchmarks/paged_attention_lanes.py --rows 32 --context 256 --query 1,2,3,5 --dtype float32,bfloat16
 
@@ -24,10 +24,10 @@ from specbatch.engine.paged_cache import build_layout
 
 def time_layers(q: torch.Tensor, pools: list[tuple[torch.Tensor, torch.Tensor]], layout: paged_cache.PassLayout,
                 kernel: bool, repeats: int) -> float:
-    """Milliseconds for every layer's attention, the kernel forced on (whatever the lanes) or off."""
-    saved, lanes = paged_cache.KERNEL_MAX_QUERY_LEN, paged_kernel.KERNEL_LANES
-    paged_cache.KERNEL_MAX_QUERY_LEN = saved if kernel else 0
-    paged_kernel.KERNEL_LANES = 1 << 30
+    """Milliseconds for every layer's attention, through the kernel or gathered for SDPA."""
+    supports = paged_kernel.supports
+    if not kernel:
+        paged_kernel.supports = lambda *tensors: False
     try:
         for keys, values in pools[:3]:
             paged_cache.attend(q, keys, values, layout, 0.125)
@@ -37,8 +37,7 @@ def time_layers(q: torch.Tensor, pools: list[tuple[torch.Tensor, torch.Tensor]],
                 paged_cache.attend(q, keys, values, layout, 0.125)
         return (time.perf_counter() - started) / repeats * 1000
     finally:
-        paged_cache.KERNEL_MAX_QUERY_LEN = saved
-        paged_kernel.KERNEL_LANES = lanes
+        paged_kernel.supports = supports
 
 
 def main() -> None:

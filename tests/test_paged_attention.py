@@ -14,7 +14,7 @@ from specbatch.engine.paged_cache import build_layout
 
 KV_HEADS, HEADS, DIM, BLOCK = 3, 9, 16, 4
 TABLES = [[3, 7, 1, 9, 0], [2, 5, 6, 8, 4], [10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]
-STARTS, LENGTHS = [11, 16, 2, 0], [3, 1, 2, 7]  # verify windows, a decode step, a prefill chunk from 0
+STARTS, LENGTHS = [11, 16, 2, 0], [3, 1, 2, 19]  # verify windows, a decode step, a prefill chunk from 0 (4 tasks of lanes)
 
 
 def by_hand(q, keys, values, scale):
@@ -38,7 +38,7 @@ def test_attention_over_blocks_is_attention(monkeypatch, dtype, tolerance, kerne
     if kernel and paged_kernel.load() is None:
         pytest.skip("no C compiler here: the gathered path is the one that runs")
     if not kernel:
-        monkeypatch.setattr(paged_cache, "KERNEL_MAX_QUERY_LEN", 0)
+        monkeypatch.setattr(paged_kernel, "supports", lambda *tensors: False)
     generator = torch.Generator().manual_seed(0)
     keys = torch.randn(KV_HEADS, 20 * BLOCK, DIM, generator=generator).to(dtype)
     values = torch.randn(KV_HEADS, 20 * BLOCK, DIM, generator=generator).to(dtype)
@@ -84,7 +84,7 @@ def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype, b
     decoded = paged_cache.attend(q, keys, values, build_layout([table] * window, [start + i for i in range(window)],
                                                                [1] * window, block, torch.device("cpu")), 0.125)
     assert torch.equal(verified, decoded)
-    for few_lanes in (0, paged_kernel.KERNEL_LANES):  # every row across lanes, then every row across dimensions
+    for few_lanes in (0, paged_kernel.WIDTH):  # every row across lanes, then every row across dimensions
         monkeypatch.setattr(paged_kernel, "FEW_LANES", few_lanes)
         layout = build_layout([table] * 2, [start, start + 2], [window, 1], block, torch.device("cpu"))
         both = paged_cache.attend(torch.cat([q, q[2:3]]), keys, values, layout, 0.125)

@@ -10,9 +10,12 @@ with per-token positions (`PassLayout`): the model's layers write their new keys
 reach through transformers' `AttentionInterface`, so every family whose attention goes through that
 interface runs paged with its own projections, norms and rotary code.
 
-Attention groups rows by query length so that a verify window of 5 positions is never padded to a
-prefill chunk's 512: each group gathers its rows' KV once per layer `[rows, kv_len, heads, dim]` and
-runs one SDPA call with the group's causal mask (built once per pass, shared by every layer).
+On a CPU every row's attention is one call of the kernel that reads the blocks in place
+(`engine/paged_kernel.py`), decoding rows, verify windows and prefill chunks alike. Elsewhere (a GPU,
+soft-capped scores, head sizes the kernel does not take, no C compiler) attention groups rows by query
+length so that a verify window of 5 positions is never padded to a prefill chunk's 512: each group
+gathers its rows' KV once per layer `[rows, kv_len, heads, dim]` and runs one SDPA call with the
+group's causal mask (built once per pass, shared by every layer).
 """
 
 from __future__ import annotations
@@ -30,9 +33,6 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from specbatch.engine import paged_kernel
 
 ATTENTION_NAME = "specbatch_paged"
-# groups whose rows feed at most this many positions go to the kernel (`engine/paged_kernel.py`, measured
-# there against a gather and SDPA); longer chunks are compute-bound, where SDPA's tiles win
-KERNEL_MAX_QUERY_LEN = 16
 _PASS: contextvars.ContextVar[PassLayout | None] = contextvars.ContextVar("specbatch_pass", default=None)
 
 
@@ -69,18 +69,17 @@ class PassLayout:
     slot_mapping: torch.Tensor  # [tokens] physical position (block · block_size + offset) of each new token's KV
     block_size: int
     groups: list[AttentionGroup]
-    _kernel_inputs: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _kernel_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def kernel_inputs(self, chosen: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block tables [rows, blocks] and rows [3, rows] of the groups `chosen` (indices), for one
-        kernel call over all of them: built at the pass's first layer, reused by the others."""
-        if chosen not in self._kernel_inputs:
-            groups = [self.groups[index] for index in chosen]
-            width = max(group.num_row_blocks for group in groups)
+    def kernel_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block tables [rows, blocks] and rows [3, rows] of every group, for one kernel call over
+        all of them: built at the pass's first layer, reused by the others."""
+        if self._kernel_inputs is None:
+            width = max(group.num_row_blocks for group in self.groups)
             tables = [F.pad(group.kv_blocks.view(group.num_rows, group.num_row_blocks),
-                            (0, width - group.num_row_blocks)) for group in groups]
-            self._kernel_inputs[chosen] = (torch.cat(tables), torch.cat([group.rows for group in groups], dim=1))
-        return self._kernel_inputs[chosen]
+                            (0, width - group.num_row_blocks)) for group in self.groups]
+            self._kernel_inputs = (torch.cat(tables), torch.cat([group.rows for group in self.groups], dim=1))
+        return self._kernel_inputs
 
 
 def build_layout(tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int,
@@ -206,24 +205,17 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PassLayout, scaling: float | None,
            softcap: float | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of a flat pass; key/value: a layer's pools [kv_heads, positions, dim].
-    Returns [tokens, heads, value_dim]. Decode-shaped groups (a few positions a row) go to the
-    kernel that reads blocks in place, all in one call over the pass's q whatever their lengths (a
-    call per group, each gathering and scattering its tokens, slowed the mixed verify passes of a
-    constrained job: `paged_kernel.KERNEL_LANES`); prefill chunks gather their rows' blocks for SDPA."""
+    Returns [tokens, heads, value_dim]. Where the kernel serves the tensors, every row in one call
+    over the pass's q whatever its length (a call per group, each gathering and scattering its
+    tokens, slowed the mixed verify passes of a constrained job); otherwise each group gathers its
+    rows' blocks for SDPA."""
     num_heads, value_dim = q.shape[1], value.shape[-1]
-    chosen = tuple(index for index, group in enumerate(layout.groups)
-                   if softcap is None and group.query_len <= KERNEL_MAX_QUERY_LEN
-                   and paged_kernel.supports(q, key, value, group.query_len))
-    out = None
-    if chosen:
-        tables, rows = layout.kernel_inputs(chosen)
+    if softcap is None and paged_kernel.supports(q, key, value):
+        tables, rows = layout.kernel_inputs()
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        out = paged_kernel.attend(q, key, value, tables, rows, layout.block_size, scale)  # the chosen rows' tokens
-        if len(chosen) == len(layout.groups):
-            return out.to(q.dtype)
-    for index, group in enumerate(layout.groups):
-        if index in chosen:
-            continue
+        return paged_kernel.attend(q, key, value, tables, rows, layout.block_size, scale).to(q.dtype)
+    out = None
+    for group in layout.groups:
         if group.token_index is None:  # the group is the whole pass, its tokens row-major
             return _attend(q.reshape(group.num_rows, group.query_len, num_heads, -1), key, value, group,
                            layout.block_size, scaling, softcap).reshape(layout.num_tokens, num_heads, value_dim)
@@ -232,7 +224,7 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Pass
         attended = _attend(q[group.token_index], key, value, group, layout.block_size, scaling, softcap)
         out[group.tokens] = attended.reshape(-1, num_heads, value_dim)[group.keep].to(out.dtype)
     assert out is not None
-    return out.to(q.dtype)
+    return out
 
 
 def _attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: AttentionGroup, block_size: int,

@@ -7,9 +7,13 @@ row over a long context) that copy costs more than the attention itself. The ker
 blocks in place, and gives a token the same bits whether its row decodes one position or verifies
 several (its C file says how), so speculation changes nothing plain decoding computes. Rows of up
 to `FEW_LANES` lanes (query positions x query heads per KV head) are laid across the head's
-dimensions, longer ones across lanes; past `KERNEL_LANES` a row gathers
-(`benchmarks/paged_attention_lanes.py`). Where no compiler works, `load()` returns None and
-attention gathers (`paged_cache.attend`), as exact.
+dimensions, longer ones across lanes, WIDTH lanes a task (`benchmarks/paged_attention_lanes.py`).
+Prefill chunks run through it too: each task stops at the last position its lanes see, so a chunk
+computes the causal half of its scores where SDPA under the pass's mask computes all of them
+(SmolLM2's attention in a prefill pass, float32 / bfloat16: 4 rows x 160 tokens 75 / 84 ms through
+SDPA, 63 / 72 here; 1 x 2,048 bfloat16 2,286 against 1,546; 32 rows x 24 after 512 positions, 505 / 387
+against 377 / 368; 2 x 128 after 1,024, bfloat16, 177 against 201: one run each). Where no
+compiler works, `load()` returns None and attention gathers (`paged_cache.attend`), as exact.
 """
 
 from __future__ import annotations
@@ -40,13 +44,6 @@ _ARITHMETIC = {torch.bfloat16: torch.float32}
 # positions, a layer, bfloat16, ms at 3 / 6 / 15 lanes: across dimensions 0.50 / 0.87 / -, across
 # lanes - / - / 0.99; the gather 1.1-1.4)
 FEW_LANES = 6
-# the most lanes a row may bring to the kernel rather than a gather and SDPA. Past WIDTH the kernel
-# runs a row in chunks; alone, a uniform pass of 9 positions a row gathers a little faster (SmolLM2,
-# bfloat16, 8 rows after 256: attention 15.6 ms a pass gathered, 17.1 in the kernel), but in a real
-# verify pass rows differ in length, and one kernel call over all of them (no group's gather and
-# scatter) won the job: SmolLM2 bfloat16 extraction under its schema, 8 rows, suffix fixed:8, 5.66-5.72 s
-# with bfloat16 rows past 16 lanes gathered, 4.83-5.04 s with every row in the kernel
-KERNEL_LANES = 48
 
 
 @cache
@@ -55,13 +52,11 @@ def load() -> ctypes.CDLL | None:
     return c_library.load(SOURCE, FLAGS, dict.fromkeys(_FUNCTIONS.values(), _ARGS), "SPECBATCH_PAGED_KERNEL")
 
 
-def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, query_len: int) -> bool:
-    """Whether the kernel serves rows of `query_len` positions over these tensors (CPU, a dtype it
-    reads, head and value sizes in whole vectors, few enough lanes to beat a gather)."""
-    heads, dim = query.shape[-2], query.shape[-1]
+def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor) -> bool:
+    """Whether the kernel serves these tensors (CPU, a dtype it reads, head and value sizes in whole
+    vectors)."""
     return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
-            and query_len * heads // key_pool.shape[0] <= KERNEL_LANES
-            and dim % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
+            and query.shape[-1] % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
             and load() is not None)
 
 

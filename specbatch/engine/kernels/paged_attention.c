@@ -20,8 +20,10 @@
  * so nothing is reassociated; a position a lane does not see adds an exact zero; the exponential
  * written here, the same on every element), so a token's attention is bit for bit the same in a
  * decoding row and in a verify row of any length: speculation keeps plain decoding's results.
- * Two passes per row and KV head: the scores at every position (a block widened at a time), then
- * the weighted values. Built by specbatch/engine/paged_kernel.py. */
+ * Two passes per task (a row's KV head and WIDTH of its lanes): the scores at every position its
+ * lanes see (a block widened at a time), then the weighted values. A task stops at its last lane's
+ * last position, so a prefill chunk's tasks compute the causal half of its scores; the positions
+ * skipped would only have added exact zeros to every sum. Built by specbatch/engine/paged_kernel.py. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -283,24 +285,33 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
           const int64_t *row_start, int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,            \
           int64_t head_dim, int64_t value_dim, int64_t pool_positions, int64_t block_size, double scale,  \
           int64_t few_lanes, int num_threads) {                                                          \
-    int64_t group = num_heads / num_kv_heads;                                                            \
-    _Pragma("omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)")                 \
+    int64_t group = num_heads / num_kv_heads, most_lanes = 0;                                           \
+    for (int64_t r = 0; r < num_rows; r++)                                                               \
+        most_lanes = row_tokens[r] * group > most_lanes ? row_tokens[r] * group : most_lanes;            \
+    int64_t chunks = (most_lanes + WIDTH - 1) / WIDTH; /* a row's lanes, WIDTH at a time */              \
+    /* every (row, KV head, chunk of lanes) its own task: a prefill chunk's lanes spread over threads */ \
+    _Pragma("omp parallel for collapse(3) schedule(dynamic, 1) num_threads(num_threads)")                 \
     for (int64_t r = 0; r < num_rows; r++) {                                                             \
         for (int64_t kh = 0; kh < num_kv_heads; kh++) {                                                  \
-            int64_t lanes = row_tokens[r] * group, end = row_start[r] + row_tokens[r];                   \
-            int64_t widest = head_dim > value_dim ? head_dim : value_dim;                                \
-            /* one allocation, the vectors first (aligned): qt, acc, scores, then the widened block */   \
-            size_t vectors = head_dim + value_dim + end + WIDTH; /* scores: `few` rounds each lane's up */ \
-            size_t bytes = sizeof(VT) * vectors + sizeof(QT) * block_size * widest;                      \
-            VT *work = aligned_alloc(sizeof(VT), (bytes + sizeof(VT) - 1) / sizeof(VT) * sizeof(VT));    \
-            for (int64_t lane0 = 0; lane0 < lanes; lane0 += WIDTH) {                                     \
+            for (int64_t chunk = 0; chunk < chunks; chunk++) {                                           \
+                int64_t lanes = row_tokens[r] * group, lane0 = chunk * WIDTH;                            \
+                if (lane0 >= lanes) continue;                                                            \
+                int64_t count = lanes - lane0 < WIDTH ? lanes - lane0 : WIDTH;                           \
+                /* positions past the chunk's last lane's are seen by none of its lanes: they would    \
+                 * only add exact zeros, so the chunk stops there (a prefill's causal half) */           \
+                int64_t end = row_start[r] + (lane0 + count - 1) / group + 1;                            \
+                int64_t widest = head_dim > value_dim ? head_dim : value_dim;                            \
+                /* one allocation, the vectors first (aligned): qt, acc, scores, then the widened block */ \
+                size_t vectors = head_dim + value_dim + end + WIDTH; /* scores: `few` rounds each lane's up */ \
+                size_t bytes = sizeof(VT) * vectors + sizeof(QT) * block_size * widest;                  \
+                VT *work = aligned_alloc(sizeof(VT), (bytes + sizeof(VT) - 1) / sizeof(VT) * sizeof(VT)); \
                 NAME##_chunk w = {.q = q, .out = out, .k_pool = k_pool + kh * pool_positions * head_dim, \
                                   .v_pool = v_pool + kh * pool_positions * value_dim,                    \
                                   .table = tables + r * table_stride, .start = row_start[r], .end = end, \
-                                  .lanes = lanes - lane0 < WIDTH ? lanes - lane0 : WIDTH,                \
-                                  .head_dim = head_dim, .value_dim = value_dim, .block_size = block_size, \
-                                  .scale = (QT)scale, .seen = {0}, .scores = work + head_dim + value_dim, \
-                                  .qt = work, .acc = work + head_dim, .block = (QT *)(work + vectors)};   \
+                                  .lanes = count, .head_dim = head_dim, .value_dim = value_dim,          \
+                                  .block_size = block_size, .scale = (QT)scale, .seen = {0},             \
+                                  .scores = work + head_dim + value_dim, .qt = work, .acc = work + head_dim, \
+                                  .block = (QT *)(work + vectors)};                                      \
                 for (int64_t l = 0; l < w.lanes; l++) {                                                  \
                     int64_t lane = lane0 + l;                                                            \
                     w.at[l] = (row_first[r] + lane / group) * num_heads + kh * group + lane % group;     \
@@ -310,8 +321,8 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
                     NAME##_few(&w);                                                                      \
                 else                                                                                     \
                     NAME##_wide(&w);                                                                     \
+                free(work);                                                                              \
             }                                                                                            \
-            free(work);                                                                                  \
         }                                                                                                \
     }                                                                                                    \
 }
