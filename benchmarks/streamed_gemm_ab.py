@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from packed_gemm import seconds_per_call  # this folder's: run as a script
 
 from specbatch.engine import c_library, streamed_gemm
 from specbatch.engine.streamed_gemm import FLAGS, SOURCE, Panels
@@ -35,22 +35,11 @@ def library(source: Path) -> ctypes.CDLL:
     return built
 
 
-def seconds_per_call(gemm: Callable[..., None], x: torch.Tensor, panels: list[torch.Tensor], out: torch.Tensor,
-                     seconds: float = 0.15) -> float:
-    """Mean time of one call, cycling over the copies of the weight, after one untimed round."""
+def gemm_call(gemm: Callable[..., None], x: torch.Tensor, panels: list[torch.Tensor],
+              out: torch.Tensor) -> Callable[[int], None]:
+    """One call of a build's kernel on copy i of the weight."""
     rows, (n, k), threads = x.shape[0], out.shape[1:] + x.shape[1:], torch.get_num_threads()
-
-    def call(i: int) -> None:
-        gemm(x.data_ptr(), panels[i].data_ptr(), 0, 0, out.data_ptr(), rows, n, k, 0, threads)
-    copies = len(panels)
-    for i in range(copies):
-        call(i)
-    calls, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for i in range(copies):
-            call(i)
-        calls += copies
-    return (time.perf_counter() - started) / calls
+    return lambda i: gemm(x.data_ptr(), panels[i].data_ptr(), 0, 0, out.data_ptr(), rows, n, k, 0, threads)
 
 
 def main() -> None:
@@ -75,7 +64,8 @@ def main() -> None:
                 for _ in range(5):
                     for j, built in enumerate((old, new)):
                         gemm = getattr(built, f"streamed_gemm_{suffix}")
-                        best[j] = min(best[j], seconds_per_call(gemm, x, panels, outs[j]))
+                        call = gemm_call(gemm, x, panels, outs[j])
+                        best[j] = min(best[j], seconds_per_call(call, copies, seconds=0.15))
                 gflops = [2 * rows * n * k / seconds / 1e9 for seconds in best]
                 flag = "" if torch.equal(outs[0], outs[1]) else "  outputs differ"
                 print(f"{str(dtype).removeprefix('torch.'):9} {shape:8} {rows:4} {gflops[0]:10.1f} {gflops[1]:10.1f} "
