@@ -26,9 +26,7 @@ from specbatch.engine.host import machine
 log = logging.getLogger(__name__)
 
 LINK_FLAGS = ["-shared", "-fopenmp"]
-
-
-SOURCES = Path(__file__).with_name("kernels")
+SOURCES = Path(__file__).with_name("kernels")  # the engine's kernels and their shared headers
 
 
 def cache_dir() -> Path:

@@ -46,8 +46,8 @@
 /* Fetches a k step's PANEL weights (192 bytes: three cache lines in float32, and in bfloat16's k pairs)
  * PREFETCH_AHEAD bytes ahead, into L2. One prefetch a step reached a third of the lines, leaving the
  * rest to the hardware's prefetcher; into L1 the prefetches filled its miss buffers ahead of the loads.
- * Every line into L2 took 3-30% off the GEMMs at 1-64 rows on an AMD EPYC (Zen 4), float32 and
- * bfloat16, and reached its memory's bandwidth at 8 float32 rows (benchmarks/packed_gemm.py). */
+ * Every line into L2 took 3-35% off the GEMMs at 1-32 rows on an AMD EPYC (Zen 4), float32 and
+ * bfloat16, and reached its memory's bandwidth at 8 float32 rows (benchmarks/streamed_gemm_ab.py). */
 static inline void prefetch_step(const void *weights) {
     const char *ahead = (const char *)weights + PREFETCH_AHEAD;
     __builtin_prefetch(ahead, 0, 1);
