@@ -14,7 +14,7 @@ from specbatch.engine.paged_cache import build_layout
 
 KV_HEADS, HEADS, DIM, BLOCK = 3, 9, 16, 4
 TABLES = [[3, 7, 1, 9, 0], [2, 5, 6, 8, 4], [10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]
-STARTS, LENGTHS = [11, 16, 2, 0], [3, 1, 2, 19]  # verify windows, a decode step, a prefill chunk from 0 (4 tasks of lanes)
+STARTS, LENGTHS = [11, 16, 2, 0], [3, 1, 2, 19]  # verify windows, a decode step, a prefill chunk (4 tasks)
 
 
 def by_hand(q, keys, values, scale):
