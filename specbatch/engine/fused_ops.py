@@ -30,12 +30,15 @@ _INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
 
 _NORM_ARGS = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_double, ctypes.c_int]
 _ROTARY_ARGS = [_POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 3 + [ctypes.c_int]
+_ROTARY_WRITE_ARGS = ([_POINTER, _INT64, _POINTER, _INT64] + [_POINTER] * 2 + [_INT64] * 5 + [_POINTER] * 3
+                      + [_INT64, ctypes.c_int])
 
 
 @cache
 def load() -> ctypes.CDLL | None:
     signatures = {f"{op}_{suffix}": args for suffix in _SUFFIX.values()
-                  for op, args in (("rms_norm", _NORM_ARGS), ("rotary", _ROTARY_ARGS))}
+                  for op, args in (("rms_norm", _NORM_ARGS), ("rotary", _ROTARY_ARGS),
+                                   ("rotary_write", _ROTARY_WRITE_ARGS))}
     return c_library.load(SOURCE, FLAGS, signatures, "SPECBATCH_FUSED_OPS")
 
 
@@ -67,4 +70,24 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     getattr(load(), f"rotary_{_SUFFIX[x.dtype]}")(
         x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, torch.get_num_threads())
+    return True
+
+
+def rotate_and_write_(qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                      slots: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor) -> bool:
+    """Rotary on qk [tokens, num_heads + kv_heads, dim]: the queries in place, the keys straight into
+    `key_pool` [kv_heads, positions, dim] at `slots` [tokens], with v [tokens, kv_heads, value_dim]
+    copied into `value_pool` there: a layer's rotary and cache write (`PagedKVCache.write`) in one
+    pass instead of three operators. Each as `rotate_` lays them out; the pools contiguous, of qk's
+    dtype. False (nothing done) where torch must run it."""
+    tokens, heads, dim = qk.shape
+    value_dim = v.shape[-1]
+    if not (qk.stride(2) == 1 and qk.stride(1) == dim and v.stride(2) == 1 and v.stride(1) == value_dim
+            and dim <= MAX_DIM and qk.device.type == "cpu" and v.dtype == qk.dtype == cos.dtype
+            and slots.dtype == torch.int64 and slots.is_contiguous() and _serves(cos, sin, key_pool, value_pool)):
+        return False
+    getattr(load(), f"rotary_write_{_SUFFIX[qk.dtype]}")(
+        qk.data_ptr(), qk.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, num_heads,
+        heads - num_heads, dim, value_dim, slots.data_ptr(), key_pool.data_ptr(), value_pool.data_ptr(),
+        key_pool.shape[1], torch.get_num_threads())
     return True

@@ -3,10 +3,11 @@ Qwen2, Qwen3).
 
 transformers' modeling code runs a pass as hundreds of small operators: three projections where
 one matrix multiply does (q, k, v), two where one does (gate, up), the rotary tables and masks
-rebuilt every pass. Here each layer is RMSNorm, one fused QKV GEMM, rotary (queries and keys
-together, in place), a write into the paged cache, attention over it (`paged_cache.attend`), the
-output projection with the residual added in the GEMM, RMSNorm, the gate GEMM with its SiLU, the up
-GEMM times the gate, and the down projection with the residual: the same maths in the same order as
+rebuilt every pass. Here each layer is RMSNorm, one fused QKV GEMM, rotary with the write into the
+paged cache (queries rotated in place, keys rotated straight into the pool, one C pass), attention
+over it (`paged_cache.attend`), the output projection with the residual added in the GEMM, RMSNorm,
+the gate GEMM with its SiLU, the up GEMM times the gate, and the down projection with the residual:
+the same maths in the same order as
 the Hugging Face layers (RMSNorm in float32, as theirs), on the same weights. The fused weights are
 the model's own: its projections become views into them, so the Hugging Face path keeps working (a
 `generate` baseline, training). On a CPU each GEMM's weight is also packed once for oneDNN
@@ -103,10 +104,12 @@ class NativeLlama:
         if layer.q_norm is not None and layer.k_norm is not None:
             qk = torch.cat((_rms_norm(qk[:, :heads], layer.q_norm, self.eps),
                             _rms_norm(qk[:, heads:], layer.k_norm, self.eps)), dim=1)
-        if not fused_ops.rotate_(qk, cos, sin):  # queries and keys in one go, in place where it can
-            qk = _rotate(qk, cos[:, None], sin[:, None])
         v = qkv[:, q_dims + kv_dims :].view(num_tokens, self.num_kv_heads, dim)
-        cache.write(index, qk[:, heads:], v, layout)
+        if not fused_ops.rotate_and_write_(qk, v, cos, sin, heads, layout.slot_mapping, cache.keys[index],
+                                           cache.values[index]):
+            if not fused_ops.rotate_(qk, cos, sin):  # queries and keys in one go, in place where it can
+                qk = _rotate(qk, cos[:, None], sin[:, None])
+            cache.write(index, qk[:, heads:], v, layout)
         attended = attend(qk[:, :heads], cache.keys[index], cache.values[index], layout, self.scaling)
         hidden = layer.out.add(attended.reshape(num_tokens, q_dims), hidden)
         return self._mlp(layer, _rms_norm(hidden, layer.post_norm, self.eps), hidden)

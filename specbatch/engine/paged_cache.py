@@ -1,7 +1,7 @@
 """KV held in fixed-size blocks that rows point at through block tables, and the attention that
 reads it for one flat ragged pass.
 
-Storage is one tensor per layer for keys and one for values, `[num_blocks * block_size, kv_heads,
+Storage is one tensor per layer for keys and one for values, `[kv_heads, num_blocks * block_size,
 head_dim]`: position p of a row lives at `table[p // block_size] * block_size + p % block_size`. A
 shared prefix is the same blocks in several tables (the allocator, `sched/kv_blocks.py`, decides
 which); nothing here copies KV. A pass feeds every row's new tokens as one flat batch `[1, tokens]`
