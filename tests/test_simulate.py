@@ -125,7 +125,8 @@ def run_real_job(pair, job_dir, num_requests: int, *overrides: str):
 
 WORK_COLUMNS = ("num_batch_rows", "num_decode_rows", "num_prefill_rows", "num_prefill_tokens", "num_target_rows",
                 "num_padded_target_rows", "num_draft_rows", "num_padded_draft_rows", "num_target_passes",
-                "num_draft_passes", "num_proposed", "num_accepted", "num_committed", "num_kv_tokens_read")
+                "num_draft_passes", "num_proposed", "num_accepted", "num_committed", "num_kv_tokens_read",
+                "num_wide_kv_tokens_read")
 
 
 def round_work(job_dir) -> list[dict]:
@@ -159,7 +160,8 @@ def test_validation_against_a_real_job(tiny_pair, tmp_path, one_thread):
     assert finishing_rounds(tmp_path / "sim") == finishing_rounds(tmp_path / "real")
     round_end_s = list(itertools.accumulate(cost.predict_ms(
         r["num_target_passes"], r["num_target_rows"] + r["num_padded_target_rows"], r["num_draft_passes"],
-        r["num_draft_rows"] + r["num_padded_draft_rows"], r["num_kv_tokens_read"]) / 1000 for r in real_rounds))
+        r["num_draft_rows"] + r["num_padded_draft_rows"], r["num_kv_tokens_read"], r["num_wide_kv_tokens_read"]) / 1000
+        for r in real_rounds))
     assert math.isclose(summary.wall_s, round_end_s[-1], rel_tol=1e-9), (summary.wall_s, round_end_s[-1])
     real_completion = statistics.fmean(round_end_s[i] for i in finishing_rounds(tmp_path / "real").values())
     sim_completion = summary.latency["completion_s"].mean_s
