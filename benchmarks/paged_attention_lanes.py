@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1, help="pools of as many layers, read in turn")
     parser.add_argument("--shuffle", action="store_true", help="rows' blocks anywhere in the pool, not in order")
     args = parser.parse_args()
-    per_row = -(-(args.context + 16) // args.block)
+    longest = max(16, *map(int, args.query.split(",")))
+    per_row = -(-(args.context + longest) // args.block)
     order = (torch.randperm(args.rows * per_row, generator=torch.Generator().manual_seed(0)) if args.shuffle
              else torch.arange(args.rows * per_row))
     tables = order.view(args.rows, per_row).tolist()

@@ -34,6 +34,11 @@ def reused_and_prefilled(job_dir) -> tuple[int, int]:
     return int(sums[0] or 0), int(sums[1] or 0)
 
 
+def rounds_reused(job_dir) -> int:
+    return int(duckdb.connect().execute(
+        f"SELECT sum(num_reused_tokens) FROM read_parquet('{job_dir}/rounds/*.parquet')").fetchone()[0] or 0)
+
+
 @pytest.fixture(scope="module")
 def reference_job(tmp_path_factory, tiny_pair):
     return reference_run(tmp_path_factory.mktemp("prefix-reference"), tiny_pair, shared_prefix_records())
@@ -43,6 +48,7 @@ def test_kill_9_then_resume_with_prefix_reuse_gives_each_record_once(tmp_path, r
     dataset, config, reference_dir = reference_job
     reference = {r["request_id"]: r for r in results(reference_dir)}
     assert reused_and_prefilled(reference_dir)[0] > 0
+    assert rounds_reused(reference_dir) == reused_and_prefilled(reference_dir)[0]  # the rounds count what rows took
     assert_completed_as(kill_then_resume(dataset, config, "job", tmp_path, "part_committed:2"), reference)
     lines = (tmp_path / "job" / "results.jsonl").read_text().splitlines()
     exported = [json.loads(line)["request_id"] for line in lines]

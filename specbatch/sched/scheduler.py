@@ -43,6 +43,7 @@ class Admission:
     admitted: list[Row]
     preempted: list[Row]
     dropped: list[Row]
+    num_reused_tokens: int = 0  # prompt positions the admitted rows took from shared blocks
 
 
 class Scheduler:
@@ -134,6 +135,7 @@ class Scheduler:
         reused = self.kv.admit(row, need, shared)
         if reused > row.num_computed:  # a re-admitted row has computed nothing (preemption reset it)
             row.num_reused_tokens += reused - row.num_computed
+            result.num_reused_tokens += reused - row.num_computed
             row.num_computed = reused
             row.num_draft_computed = self.kv.num_draft_shared(row.request_id)
         row.status = Status.RUNNING
@@ -185,8 +187,8 @@ class Scheduler:
         started = time.perf_counter()
         self.ctx.now_s = now_s
         admission = self.admit(now_s)
-        plan = RoundPlan()
-        held_back = self._share_prefixes()
+        plan = RoundPlan(num_reused_tokens=admission.num_reused_tokens)
+        held_back = self._share_prefixes(plan)
         decoding = [row for row in self.running if row.is_decoding]
         rows = self.packer.select(decoding, self.limits.max_batch_rows, self.limits.max_round_tokens)
         budget = self._plan_decode(plan, rows)
@@ -219,10 +221,11 @@ class Scheduler:
             budget -= 1 + k
         return budget
 
-    def _share_prefixes(self) -> set[int]:
+    def _share_prefixes(self, plan: RoundPlan) -> set[int]:
         """Point prefilling rows at blocks registered since they last looked (an earlier row computed
-        the same tokens); returns the ids of rows that wait this round because an earlier row is
-        about to compute their next block, so a batch admitted at once computes a shared prefix once."""
+        the same tokens), counted in `plan`; returns the ids of rows that wait this round because an
+        earlier row is about to compute their next block, so a batch admitted at once computes a shared
+        prefix once."""
         held_back, computing = set(), set()
         for row in self.running:
             if row.is_decoding:
@@ -232,6 +235,7 @@ class Scheduler:
                 draft_current = row.num_draft_computed == row.num_computed
                 row.num_computed += gained
                 row.num_reused_tokens += gained
+                plan.num_reused_tokens += gained
                 if draft_current:  # the draft KV comes with the blocks where their donor computed it
                     row.num_draft_computed = max(row.num_draft_computed,
                                                  min(self.kv.num_draft_shared(row.request_id), row.num_computed))
