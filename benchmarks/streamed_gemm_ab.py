@@ -3,7 +3,8 @@ another version of it (`--against`, e.g. `git show REV:specbatch/engine/kernels/
 saved beside its `bfloat16.h`), at SmolLM2-135M's projection shapes, weights cycled out of cache,
 the two called alternately in one process so a drift in the machine's speed falls on both.
 
-    python benchmarks/streamed_gemm_ab.py --against /tmp/old/streamed_gemm.c --rows 1,8,32 --dtype float32,bfloat16
+    python benchmarks/streamed_gemm_ab.py --against /tmp/old/streamed_gemm.c --rows 1,8,32 --dtype float32,bfloat16 \
+        [--op add]
 
 Prints GFLOPS of each (best of 5 alternations) and new ÷ old time; a layout or rounding change that
 makes the outputs differ is flagged. Run it alone: two torch processes on two cores slow each other.
@@ -24,6 +25,7 @@ from specbatch.engine.streamed_gemm import FLAGS, SOURCE, Panels
 
 SHAPES = {"qkv": (960, 576), "out": (576, 576), "gate": (1536, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 CYCLED_BYTES = 200e6
+OPS = ("none", "add", "mul", "silu")  # the kernel's post-op codes, in order
 
 
 def library(source: Path) -> ctypes.CDLL:
@@ -35,11 +37,12 @@ def library(source: Path) -> ctypes.CDLL:
     return built
 
 
-def gemm_call(gemm: Callable[..., None], x: torch.Tensor, panels: list[torch.Tensor],
-              out: torch.Tensor) -> Callable[[int], None]:
-    """One call of a build's kernel on copy i of the weight."""
+def gemm_call(gemm: Callable[..., None], x: torch.Tensor, panels: list[torch.Tensor], out: torch.Tensor,
+              op: int, other: torch.Tensor) -> Callable[[int], None]:
+    """One call of a build's kernel on copy i of the weight, with post-op `op` (`other` its operand)."""
     rows, (n, k), threads = x.shape[0], out.shape[1:] + x.shape[1:], torch.get_num_threads()
-    return lambda i: gemm(x.data_ptr(), panels[i].data_ptr(), 0, 0, out.data_ptr(), rows, n, k, 0, threads)
+    return lambda i: gemm(x.data_ptr(), panels[i].data_ptr(), 0, other.data_ptr(), out.data_ptr(), rows, n, k, op,
+                          threads)
 
 
 def main() -> None:
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8,32,64,256")
     parser.add_argument("--dtype", default="float32,bfloat16")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--op", choices=OPS, default="none", help="the post-op fused into the GEMM")
     args = parser.parse_args()
     old, new = library(args.against), library(SOURCE)
     print(f"{'dtype':9} {'shape':8} {'rows':>4} {'old GFLOPS':>10} {'new GFLOPS':>10} {'new/old time':>12}")
@@ -60,11 +64,12 @@ def main() -> None:
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, k).to(dtype)
                 outs = [torch.empty(rows, n, dtype=dtype) for _ in range(2)]
+                other = torch.randn(rows, n).to(dtype)
                 best = [float("inf")] * 2
                 for _ in range(5):
                     for j, built in enumerate((old, new)):
                         gemm = getattr(built, f"streamed_gemm_{suffix}")
-                        call = gemm_call(gemm, x, panels, outs[j])
+                        call = gemm_call(gemm, x, panels, outs[j], OPS.index(args.op), other)
                         best[j] = min(best[j], seconds_per_call(call, copies, seconds=0.15))
                 gflops = [2 * rows * n * k / seconds / 1e9 for seconds in best]
                 flag = "" if torch.equal(outs[0], outs[1]) else "  outputs differ"

@@ -89,6 +89,25 @@ def test_bfloat16_post_ops_apply_before_the_one_rounding(dtype):
     assert not torch.equal(panels.linear(x, "mul", other), panels.linear(x) * other)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["none", "add", "mul", "silu"])
+def test_whole_panels_post_ops_keep_the_bits_of_the_element_wise_epilogue(dtype, op):
+    """Columns 48-51 lie in a whole panel of a 100-column weight (its post-op applied a vector at a
+    time, SiLU's exponential transcribed from libm's) and in the cut-short last panel of the same
+    weight's first 52 columns (applied element by element, libm's `expf` itself): the same bits, sums
+    past ±88 (where the exponential leaves the vector path) among them."""
+    weight, bias = weights(100, 40, True, dtype=dtype)
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 40, generator=generator) * torch.tensor([1.0] * 290 + [30.0] * 10)[:, None]
+    x, other = x.to(dtype), torch.randn(300, 100, generator=generator).to(dtype)
+    whole, cut = Panels(weight, bias), Panels(weight[:52].contiguous(), bias[:52].contiguous())
+    sums = whole.linear(x)[:, 48:52].float()
+    assert sums.abs().max() > 88 and sums.abs().min() < 88
+    got = whole.linear(x, op, other if op in ("add", "mul") else None)[:, 48:52]
+    expected = cut.linear(x, op, other[:, :52].contiguous() if op in ("add", "mul") else None)[:, 48:52]
+    assert torch.equal(got, expected)
+
+
 def test_a_layer_streams_up_to_its_bound_and_hands_more_rows_or_strided_inputs_to_torch(monkeypatch):
     weight, bias = weights(64, 32, True)
     layer = PackedLinear(weight, bias)
