@@ -22,9 +22,9 @@
  * pairs in ascending k: again one order for every element.
  *
  * Post-ops (`op`): 0 none, 1 add `other` (a residual), 2 multiply by `other` (a gate), 3 SiLU, applied
- * to the float32 sum (plus bias), a vector at a time on whole panels (`post_op_vec`; at 32 bfloat16 rows
- * the element-wise epilogue took 16-20% of the GEMM at k = 576, and SiLU's libm exponential more). float32 rounds as torch's separate ops do; bfloat16 rounds once,
- * after the op, as oneDNN's fused post-ops in the prefill passes do (rounding op by op instead made a
+ * to the float32 sum (plus bias), a vector at a time on whole panels (`post_op_vec`; at 32 bfloat16
+ * rows the element-wise epilogue took 16-20% of the GEMM at k = 576, SiLU's libm exponential more).
+ * float32 rounds as torch's separate ops do; bfloat16 rounds once, after the op, as oneDNN's fused post-ops in the prefill passes do (rounding op by op instead made a
  * tiny bfloat16 model's greedy outputs match Hugging Face's less often: 5 of 16 against 8 or more,
  * tests/test_low_precision.py).
  * Layouts contiguous: x and other [rows, k] / [rows, n], w [n, k], bias [n] or NULL, out [rows, n],
@@ -107,8 +107,8 @@ void pack_panels_f32(const float *w, float *panels, int64_t n, int64_t k, int nu
 PANEL_TILE(1) PANEL_TILE(2) PANEL_TILE(3) PANEL_TILE(4) PANEL_TILE(5) PANEL_TILE(6) PANEL_TILE(7) PANEL_TILE(8)
 
 /* The post-ops on LANES sums at once: the same operations, in the same order, on each element as
- * `post_op` (SiLU's exponential is libm's bits, `vector_expf.h`), so each output's bits are those of
- * the element-wise form. A scalar epilogue cost bfloat16 more than its dot products at k = 576. */
+ * `post_op` (SiLU's exponential gives libm's bits, `vector_expf.h`), so each output's bits are those
+ * of the element-wise form, which cut-short panels still use. */
 static inline vec post_op_vec(vec value, int op, vec other) {
     switch (op) {
         case OP_ADD: return other + value;

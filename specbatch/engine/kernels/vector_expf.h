@@ -37,7 +37,7 @@ static inline expf_half_floats expf_half(expf_half_floats x) {
     const double c0 = 0x1.c6af84b912394p-5 / n / n / n, c1 = 0x1.ebfce50fac4f3p-3 / n / n,
                  c2 = 0x1.62e42ff0c52d6p-1 / n;
     expf_half_doubles z = inv_ln2_n * __builtin_convertvector(x, expf_half_doubles);
-    expf_half_doubles kd = z + shift; /* k / 32 rounded to an integer in its low bits */
+    expf_half_doubles kd = z + shift; /* z rounded to the integer k, held in the low bits */
     expf_half_words k = (expf_half_words)kd, upper = -((k >> 4) & 1); /* entries 16-31 */
     kd -= shift;
     expf_half_doubles r = z - kd;
