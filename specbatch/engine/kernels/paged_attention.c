@@ -289,6 +289,7 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
     for (int64_t r = 0; r < num_rows; r++)                                                               \
         most_lanes = row_tokens[r] * group > most_lanes ? row_tokens[r] * group : most_lanes;            \
     int64_t chunks = (most_lanes + WIDTH - 1) / WIDTH; /* a row's lanes, WIDTH at a time */              \
+    int64_t widest = head_dim > value_dim ? head_dim : value_dim;                                        \
     /* every (row, KV head, chunk of lanes) its own task: a prefill chunk's lanes spread over threads */ \
     _Pragma("omp parallel for collapse(3) schedule(dynamic, 1) num_threads(num_threads)")                 \
     for (int64_t r = 0; r < num_rows; r++) {                                                             \
@@ -300,7 +301,6 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
                 /* positions past the chunk's last lane's are seen by none of its lanes: they would    \
                  * only add exact zeros, so the chunk stops there (a prefill's causal half) */           \
                 int64_t end = row_start[r] + (lane0 + count - 1) / group + 1;                            \
-                int64_t widest = head_dim > value_dim ? head_dim : value_dim;                            \
                 /* one allocation, the vectors first (aligned): qt, acc, scores, then the widened block */ \
                 size_t vectors = head_dim + value_dim + end + WIDTH; /* scores: `few` rounds each lane's up */ \
                 size_t bytes = sizeof(VT) * vectors + sizeof(QT) * block_size * widest;                  \

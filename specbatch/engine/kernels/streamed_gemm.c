@@ -240,19 +240,7 @@ static inline uint16_t post_op_bf16(float value, int op, uint16_t other) {
     return narrow(post_op(value, op, widen(other)));
 }
 
-typedef uint16_t bf16_vec __attribute__((vector_size(LANES * sizeof(uint16_t)), aligned(2), may_alias));
-typedef uint32_t word_vec __attribute__((vector_size(LANES * sizeof(uint32_t))));
-
-/* `widen` and `narrow` (bfloat16.h) on LANES words at once, bit for bit */
-static inline vec load_bf16(const uint16_t *from) {
-    return (vec)(__builtin_convertvector(*(const bf16_vec *)from, word_vec) << 16);
-}
-
-static inline void store_bf16(uint16_t *to, vec value) {
-    word_vec bits = (word_vec)value;
-    word_vec rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, quiet = (bits >> 16) | 0x40u;
-    word_vec nan = (word_vec)((bits & 0x7fffffffu) > 0x7f800000u);
-    *(bf16_vec *)to = __builtin_convertvector((quiet & nan) | (rounded & ~nan), bf16_vec);
-}
+static inline vec load_bf16(const uint16_t *from) { return (vec)widen_16(from); }
+static inline void store_bf16(uint16_t *to, vec value) { narrow_16(to, (bf16_floats)value); }
 
 STREAMED_GEMM(bf16, uint16_t, panel_tiles_bf16, widen, post_op_bf16, load_bf16, store_bf16)
