@@ -300,3 +300,21 @@ def test_a_drafter_that_pays_on_a_host_whose_rounds_swing_is_not_settled_as_plai
     decoding without the prefills that drafting batches into fewer passes."""
     fixed = noisy_tokens_per_s(tmp_path, "fixed:2", seed)
     assert noisy_tokens_per_s(tmp_path, "adaptive", seed) >= 0.88 * fixed
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_what_prefills_add_to_a_round_neither_decides_a_comparison_nor_counts_as_drafting_s_loss(told):
+    """Drafting commits 1.2x plain decoding's tokens per ms, but rows it finishes are replaced in its
+    own blocks: every drafting block's last round also prefills a prompt (150 ms, the same work
+    plain decoding does for that row sooner or later). Told what the prefills add, the gate drafts
+    and drafting has lost nothing; counted whole, they made drafting lose (on SmolLM2, one 245 ms
+    round with three prefills charged drafting three times its loss budget)."""
+    gate, noise = DraftGate(), random.Random(0)
+    for _ in range(400):
+        drafts, last_in_block = gate.drafts, gate._block == gate.block_rounds - 1
+        tokens = round((12 if drafts else 10) * noise.uniform(0.9, 1.1))
+        prefill_ms = 150.0 if drafts and gate.comparing and last_in_block else 0.0
+        gate.observe(4, tokens, 10.0 * noise.uniform(0.95, 1.05) + prefill_ms, num_prefill_rows=int(prefill_ms > 0),
+                     prefill_ms=prefill_ms if told else 0.0)
+    assert gate.choice is told
+    assert (gate._loss_ms == 0.0) is told

@@ -183,11 +183,11 @@ def test_the_simulator_charges_lookups_as_the_engine_reports_them():
     assert all(row.num_indexed >= row.num_prompt_tokens for row in rows)
 
 
-def tokens_per_s(tmp_path, truth: CostModel, prior: CostModel, *overrides: str) -> float:
+def tokens_per_s(tmp_path, truth: CostModel, prior: CostModel, *overrides: str, seed: int = 3) -> float:
     config = load_config(None, ["drafter.kind=suffix", "capacity.max_context=512", "scheduler.max_batch_rows=16",
                                 "sampling.max_new_tokens=48", *overrides])
     requests = Workload(DomainMix((("code", 1.0),)), UniformLength(100, 300), UniformLength(20, 48), 48,
-                        Offline()).draw(160, seed=3)
+                        Offline()).draw(160, seed=seed)
     job = tmp_path / f"job-{len(list(tmp_path.iterdir()))}"
     summary = simulate(config, requests, DomainAcceptance({"code": (0.6, 50.0)}, seed=1), job, cost_model=truth,
                        scheduler_cost_model=prior)
@@ -198,12 +198,15 @@ def tokens_per_s(tmp_path, truth: CostModel, prior: CostModel, *overrides: str) 
 def test_adaptive_suffix_drafting_keeps_up_with_plain_decoding_where_lookups_are_dear(tmp_path):
     """The simulated host takes 0.5 ms a row's lookup and 0.05 ms a token indexed (prompts of 100-300
     tokens, α 0.6, 16 rows). Believing lookups free, adaptive drafting lost 11 % to plain decoding;
-    priced and learnt (from the bundled profile's guess), it keeps up."""
+    priced and learnt (from the bundled profile's guess), it keeps up, over three draws of the
+    workload (one simulated job's choices move its ratio by about 1%)."""
     dear = replace(FREE_LOOKUPS, lookup_rows=0.5, lookup_tokens=0.05)
-    plain = tokens_per_s(tmp_path, dear, CPU_DEMO_PROFILE, "drafter.kind=none")
-    learnt = tokens_per_s(tmp_path, dear, CPU_DEMO_PROFILE, "scheduler.lookahead=adaptive")
+    plains = [tokens_per_s(tmp_path, dear, CPU_DEMO_PROFILE, "drafter.kind=none", seed=seed) for seed in (3, 4, 5)]
+    learnt = [tokens_per_s(tmp_path, dear, CPU_DEMO_PROFILE, "scheduler.lookahead=adaptive", seed=seed)
+              for seed in (3, 4, 5)]
+    assert sum(learnt) >= 0.98 * sum(plains)
+    plain = plains[0]
     unpriced = tokens_per_s(tmp_path, dear, FREE_LOOKUPS, "scheduler.lookahead=adaptive", "scheduler.learn_cost=false")
-    assert learnt >= 0.98 * plain
     assert unpriced < 0.95 * plain
     free = tokens_per_s(tmp_path, FREE_LOOKUPS, CPU_DEMO_PROFILE, "scheduler.lookahead=adaptive")
     assert free > 1.1 * tokens_per_s(tmp_path, FREE_LOOKUPS, CPU_DEMO_PROFILE, "drafter.kind=none")

@@ -13,9 +13,11 @@ from sched_engine_helpers import make_row, make_scheduler
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
+from specbatch.sched.draft_control import DraftControl, DraftGate
 from specbatch.sched.estimates import AcceptanceStats, expected_tokens
 from specbatch.sched.factory import make_lookahead, make_prefill_chunk
 from specbatch.sched.lookahead import AdaptiveLookahead, SlackLookahead, _Batch
+from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.packing import Packer
 from specbatch.sched.prefill import DeadlinePrefillChunk
 from specbatch.sched.roundcost import DecodeShape, RoundCostModel
@@ -301,3 +303,53 @@ def test_plan_records_its_own_time_and_drafts_within_caps():
     plan, _ = scheduler.plan(0.0)
     assert plan.plan_ms > 0
     assert all(k <= 2 for _, k in plan.decode)  # cap: max_new_tokens − 1
+
+
+def test_a_comparison_drafts_a_trial_where_the_refit_prices_verify_passes_above_what_was_timed():
+    """Issue 43: one slow stretch of the machine during the first comparison left the online refit
+    pricing SmolLM2's verify passes far above what its passes timed at the job's start; the policy then
+    planned k = 0 in the gate's drafting blocks, which compared plain decoding with itself, and only
+    drafting rounds could have corrected the price (3 runs of 10 stayed plain). In a comparison's
+    drafting block it now drafts a trial, but only where the timed passes say drafting pays: with a
+    prior that was a guess, the refit is all the policy knows."""
+    timed = replace(CPU_DEMO_PROFILE, measured_target=True)
+    refitted = replace(timed, wide_kv_tokens_read=1.0)  # KV read by verifying rows priced far too dear
+    rows = decoding_rows(8, GOOD)
+
+    def comparing(prior: CostModel) -> tuple[list[int], DraftGate]:
+        ctx = SchedContext(RoundCostModel(refitted), max_lookahead=4,
+                           draft=DraftControl(OnlineCostFit(prior), DraftGate()))
+        policy = AdaptiveLookahead(ctx)
+        assert policy.choose(rows, [4] * 8) == [0] * 8  # outside a comparison: the model's word
+        gate = ctx.draft.gate
+        assert gate is not None
+        gate.comparing = True  # a comparison's drafting block
+        return policy.choose(rows, [4] * 8), gate
+
+    ks, gate = comparing(timed)
+    assert max(ks) > 0 and gate._trial
+    gate.observe(8, 8, 10.0)  # the trial's comparison ends once each mode has its minimum rounds
+    assert gate.comparing
+    ks, gate = comparing(replace(timed, measured_target=False))
+    assert ks == [0] * 8 and not gate._trial
+
+
+def test_a_trial_catches_up_only_the_rows_whose_catch_ups_cost_a_plain_round_together():
+    """Catching up every row's suffix index in a trial cost a simulated job where drafting ties 1.5%
+    (dear indexing): rows whose indexes lag by whole prompts wait, cheapest first."""
+    timed = replace(CPU_DEMO_PROFILE, measured_target=True, lookup_tokens=0.05)
+    refitted = replace(timed, wide_kv_tokens_read=1.0)
+    ctx = SchedContext(RoundCostModel(refitted, uses_draft_model=False), max_lookahead=4,
+                       draft=DraftControl(OnlineCostFit(timed, draft_model=False), DraftGate()),
+                       drafter_kinds=("suffix",), indexing_drafter_kinds=frozenset({"suffix"}))
+    rows = [make_row(f"r{i}", 800, 100, history=GOOD, num_output=10) for i in range(8)]
+    for i, row in enumerate(rows):
+        row.num_indexed = row.num_tokens - 1 - 100 * i  # row i's index lags by 100·i tokens
+    plain_ms = ctx.round_cost.decode_ms(DecodeShape.of(rows, [0] * 8))
+    gate = ctx.draft.gate
+    assert gate is not None
+    gate.comparing = True
+    ks = AdaptiveLookahead(ctx).choose(rows, [4] * 8)
+    drafting = [i for i, k in enumerate(ks) if k]
+    assert drafting == list(range(len(drafting))) and 0 < len(drafting) < 8  # cheapest first, not all
+    assert sum(0.05 * 100 * i for i in drafting) <= plain_ms

@@ -54,6 +54,15 @@ class CostModel:
     lookup_rows: float = 0.0
     lookup_tokens: float = 0.0
     wide_kv_tokens_read: float = 0.0  # added to kv_tokens_read for KV read by rows of several positions
+    # its target coefficients were timed on the target model in use (`sched/pass_profile.py`)
+    measured_target: bool = False
+
+    @property
+    def measured_coefficients(self) -> tuple[str, ...]:
+        """The coefficients timed on the models in use (`sched/pass_profile.py`), not guessed."""
+        target = ("target_passes", "target_rows", "kv_tokens_read", "wide_kv_tokens_read")
+        return (target if self.measured_target else ()) + (("draft_passes", "draft_rows") if self.measured_draft
+                                                            else ())
 
     def lookup_ms(self, num_rows: float, num_indexed_tokens: float) -> float:
         return self.lookup_rows * num_rows + self.lookup_tokens * num_indexed_tokens

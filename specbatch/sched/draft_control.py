@@ -39,6 +39,7 @@ class DraftControl:
     probe_every: int = 4
     plans_without_drafts: int = 0  # decode plans since one drafted or probed
     full_catch_up_ms: float = 0.0  # predicted time to fill a comparing gate's last rows' draft caches from empty
+    prefill_ms: float = 0.0  # what the last plan's prefill chunks add to its round, predicted (draft fill aside)
     num_probes: int = 0  # draft probes planned so far (`probe_row` alternates on it)
 
     @property
@@ -71,7 +72,9 @@ class DraftControl:
 
     def observe_plan(self, plan: RoundPlan, round_cost: RoundCostModel) -> None:
         """A plan was made: whether it drafts, how long since one drafted or probed, and (while the
-        gate compares) what filling its rows' draft caches from empty would cost."""
+        gate compares) what filling its rows' draft caches from empty would cost, and what its prefills
+        add to the round."""
+        self.prefill_ms = round_cost.prefill_ms(plan.prefill, draft=False)
         if not plan.decode:
             return
         self.drafting = any(k > 0 for _, k in plan.decode)
@@ -84,15 +87,17 @@ class DraftControl:
         """A round ran: with a cost fit, its measured time refines `round_cost`; with a gate, the round
         counts for its mode. The draft cache it filled beside its prefill (`num_draft_prefill_positions`
         in `draft_prefill_ms`, part of the record's prefill time) is a cost of drafting, whichever
-        mode the round ran in."""
+        mode the round ran in. The gate compares the round without what its prefills add (predicted,
+        at most the pass's share by positions, `RoundRecord.prefill_ms`)."""
         if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_positions,
                                                                                   draft_prefill_ms)):
             round_cost.cost = refitted
         if self.gate is not None:
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost
             round_ms = record.round_ms - record.warmup_ms - draft_prefill_ms  # the fill: charge_drafting
+            prefill_ms = min(self.prefill_ms, max(record.prefill_ms - draft_prefill_ms, 0.0))
             self.gate.observe(record.num_decode_rows, record.num_committed, round_ms, learning,
-                              self.full_catch_up_ms, record.num_prefill_rows)
+                              self.full_catch_up_ms, record.num_prefill_rows, prefill_ms)
             self.gate.charge_drafting(draft_prefill_ms)
 
 
@@ -140,10 +145,14 @@ class DraftGate:
     A *comparison* alternates blocks of `block_rounds` decode rounds as the lookahead policy plans
     them (drafting) and with k = 0 for every row (plain), so that both modes meet the same machine.
     The first drafting round of a block (the draft cache's catch-up, paid once per switch) is not
-    counted. A round counts whole, its prefills included; the draft cache filled beside a prefill is
-    charged to drafting (`charge_drafting`). The first comparison starts with the first decode round
-    that prefills nothing (or after `max_start_wait` rounds): the job's first admissions are a burst
-    no mode caused.
+    counted. A round counts less what its prefills add (the round-time model's price of their chunks,
+    at most the pass's share by positions): every request is prefilled once in either mode, so both
+    pay the same prefill per committed token and leaving it out cannot change which mode is faster.
+    Counted whole, one 100-250 ms prefill in a 3-round block decided comparisons, and plain blocks
+    met the prefills of rows the drafting blocks before them finished. The draft cache filled beside
+    a prefill is charged to drafting (`charge_drafting`). The first comparison starts with the first
+    decode round that prefills nothing (or after `max_start_wait` rounds): the job's first
+    admissions are a burst no mode caused.
 
     A comparison ends once each mode has `min_compare_rounds` rounds and the two rates (committed
     tokens per ms) differ by `z` standard errors, or each has 1/`max_compare_share` of the interval
@@ -155,9 +164,10 @@ class DraftGate:
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
     Nothing is compared while the round-time model has not measured drafting (`learning`).
     Comparing has a price (issue 43): drafting's losses while comparing (its rounds' time, catch-ups
-    included, beyond what plain decoding takes for their tokens) may cost `max_loss_share` of the engine time so
-    far; past it a comparison drafting is losing by a standard error ends at once, and after a plain
-    choice the next one waits until the share is back under.
+    included, beyond what plain decoding takes for their tokens) may cost `max_loss_share` of the
+    engine time so far; past it a comparison drafting is losing by a standard error ends at once,
+    and after a plain choice the next one waits until the share is back under. Where the policy's
+    model prefers plain decoding, drafting blocks draft a trial (`note_trial`).
 
     Invariant: the gate only chooses between the policy's drafts and none; it never changes what a
     row outputs, and a wrong call costs at most the next interval."""
@@ -191,6 +201,7 @@ class DraftGate:
     _engine_ms: float = field(default=0.0, init=False)  # every round observed
     _loss_ms: float = field(default=0.0, init=False)  # drafting's losses in comparisons that ended
     _drafting: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # this comparison's (tokens, ms)
+    _trial: bool = field(default=False, init=False)  # whether this comparison's drafts are a trial (`note_trial`)
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
@@ -198,12 +209,14 @@ class DraftGate:
         self._compared = {True: 0, False: 0}
 
     def observe(self, num_rows: int, num_committed: int, round_ms: float, learning: bool = False,
-                catch_up_ms: float = 0.0, num_prefill_rows: int = 0) -> None:
+                catch_up_ms: float = 0.0, num_prefill_rows: int = 0, prefill_ms: float = 0.0) -> None:
         """One round's decode rows, committed tokens and time (its prefill included, its draft cache
         fill not); `learning`: drafting's cost not yet measured; `catch_up_ms`: what filling the
-        batch's draft caches from empty would cost; `num_prefill_rows`: rows the round prefilled."""
+        batch's draft caches from empty would cost; `num_prefill_rows`: rows the round prefilled,
+        `prefill_ms` what they added to its time (left out of the comparison)."""
         self._catch_up_ms = catch_up_ms
         self._engine_ms += max(round_ms, 0.0)
+        round_ms -= prefill_ms
         if num_rows == 0 or num_committed == 0 or round_ms <= 0:
             return  # a round of prefills only
         if learning:
@@ -263,17 +276,29 @@ class DraftGate:
         return self._loss_ms + self._comparison_loss_ms() > self.max_loss_share * self._engine_ms
 
     def _comparison_loss_ms(self) -> float:
-        """This comparison's drafting rounds' time beyond plain decoding's for their tokens."""
+        """This comparison's drafting rounds' time beyond plain decoding's for their tokens (without
+        what prefills added: counted whole, one 245 ms round that prefilled three rows charged drafting
+        191 ms, three times its budget in a 4.4 s job, which then never drafted again)."""
         plain_rate = self.rate(False)
         if plain_rate <= 0:
             return 0.0
         tokens, ms = self._drafting
         return max(0.0, ms - tokens / plain_rate)
 
+    def note_trial(self) -> None:
+        """The policy drafts in this comparison only because it compares (its round-time model prefers
+        plain decoding, `AdaptiveLookahead._trial`): the comparison then ends once each mode has
+        `min_compare_rounds`, its point estimate deciding. A trial checks the model rather than
+        settling a close call; where the model is right it is a loss (trials run to 1/8 of the
+        interval cost a simulated job where drafting ties 3%, 4-6% in 1 seed of 8)."""
+        self._trial = True
+
     def _settled(self) -> bool:
         drafting, plain = self._sums[True], self._sums[False]
         if min(self._compared.values()) < self.min_compare_rounds:
             return False
+        if self._trial:
+            return True
         if self.over_budget and drafting.rate < plain.rate - (drafting.variance + plain.variance) ** 0.5:
             return True  # a comparison drafting is losing (by a standard error) stops at its price
         if min(self._compared.values()) >= self.interval // self.max_compare_share:
@@ -298,3 +323,4 @@ class DraftGate:
         self.comparing, self._left, self._block = False, self.interval, 0
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}
+        self._trial = False

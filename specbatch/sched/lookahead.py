@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from specbatch.core import Row
 from specbatch.sched.context import SchedContext
 from specbatch.sched.estimates import expected_tokens
-from specbatch.sched.roundcost import DecodeShape, draft_lag
+from specbatch.sched.pass_profile import speedup_limit
+from specbatch.sched.roundcost import DecodeShape, RoundCostModel, draft_lag
 
 
 @dataclass
@@ -140,7 +141,8 @@ class AdaptiveLookahead:
     domain and by the row), it is priced at α's estimate and repaid within `switch_horizon` rounds. Where
     the round-time model is learnt on the run and has not measured the draft model, the scheduler's
     probes do (`DraftControl.probe_row`), so a pessimistic prior cannot keep k at 0. With a
-    draft gate (`DraftControl.gate`), its plain rounds plan k = 0 for every row.
+    draft gate (`DraftControl.gate`), its plain rounds plan k = 0 for every row, and its comparisons'
+    drafting blocks draft even where the model prefers none (`_trial`): they measure drafting.
     """
 
     ctx: SchedContext
@@ -178,14 +180,70 @@ class AdaptiveLookahead:
         gate = self.ctx.draft.gate
         horizon = max(self.switch_horizon, gate.interval) if gate is not None and gate.catches_up \
             else self.switch_horizon
-        solutions = self._solutions(_Batch.of(self.ctx, rows, caps, horizon, self.explore_z, self.min_job_samples,
-                                              self.switch_horizon))
+        batch = _Batch.of(self.ctx, rows, caps, horizon, self.explore_z, self.min_job_samples, self.switch_horizon)
+        solutions = self._solutions(batch)
         best = max(solutions, key=lambda k_max: solutions[k_max][0])
         kept = self.last_k_max if self.last_k_max in solutions else best
         if solutions[best][0] < solutions[kept][0] * (1 + self.hysteresis):
             best = kept
         self.last_k_max = best
+        if not any(solutions[best][1]) and gate is not None and gate.drafts and (gate.comparing or gate.choice):
+            ks = self._trial(batch, rows)
+            if any(ks) and gate.comparing:
+                gate.note_trial()
+            return ks
         return solutions[best][1]
+
+    def _trial(self, batch: _Batch, rows: list[Row]) -> list[int]:
+        """What a comparison's drafting block runs where the model prefers plain decoding: the plan
+        with drafts it rates best (solved per largest k, or every row at min(cap, K)) among the rows
+        whose catch-ups, cheapest first, together cost at most a plain round; nothing (the block is
+        plain decoding, free) where even drafts always accepted could not win.
+
+        Drafting blocks that plan k = 0 compare plain decoding with itself, and only rounds that draft
+        refit drafting's prices: a model that priced drafting too dear once (a slow stretch of the
+        machine during the first comparison, issue 43) kept SmolLM2 on one-schema extraction plain for
+        the rest of the job in 3 runs of 10. Where the model is right a trial is a loss: catching up
+        every row cost a simulated job where drafting ties 1.5% (dear suffix indexing), hence the
+        bound, and a trial comparison ends early (`DraftGate.note_trial`)."""
+        round_cost = self.ctx.round_cost
+        models = [self.ctx.drafts_with_model(row) for row in rows]
+        if not self._measured_passes_say_drafting_pays(batch, models):
+            return [0 for _ in rows]
+        plain_ms = round_cost.decode_ms(batch.shape([0 for _ in rows]))
+        catch_ups = [round_cost.draft_position_ms * (draft_lag(row) - 1) if model
+                     else round_cost.cost.lookup_tokens * self.ctx.index_lag(row) for row, model in zip(rows, models,
+                                                                                                       strict=True)]
+        caps, spent = [0 for _ in rows], 0.0
+        for catch_up_ms, i in sorted((ms, i) for i, ms in enumerate(catch_ups) if batch.caps[i] > 0):
+            if spent + catch_up_ms > plain_ms:
+                break
+            caps[i], spent = batch.caps[i], spent + catch_up_ms
+        if not any(caps):
+            return caps
+        trial = replace(batch, caps=caps)
+        lag_limits = self._lag_limits(trial, len(rows) / plain_ms)
+        plans = [self._solve(trial, k_max, lag_limits) for k_max in range(1, max(caps) + 1)]
+        for k_max in range(1, max(caps) + 1):
+            uniform = [min(cap, k_max) for cap in caps]
+            plans.append((trial.tokens(uniform) / round_cost.decode_ms(trial.shape(uniform)), uniform))
+        return max((plan for plan in plans if any(plan[1])), key=lambda plan: plan[0])[1]
+
+    def _measured_passes_say_drafting_pays(self, batch: _Batch, models: list[bool]) -> bool:
+        """Whether, at the rows' α, drafting beats plain decoding by the gate's margin with the passes
+        priced as timed at the job's start (the online fit's prior, where it timed them: `CostModel.
+        measured_coefficients`) and the rest as refitted. Only then can the model's preference for plain
+        decoding be a refit gone wrong; where the prior is only a guess, or the refit differs in what
+        the start did not time (a suffix index's host time), a trial would test the model against
+        itself."""
+        control = self.ctx.draft
+        if control.cost_fit is None or not control.cost_fit.prior.measured_coefficients:
+            return False
+        prior, round_cost = control.cost_fit.prior, self.ctx.round_cost
+        timed = replace(round_cost.cost, **{name: getattr(prior, name) for name in prior.measured_coefficients})
+        at_start = RoundCostModel(timed, round_cost.buckets, round_cost.uses_draft_model, round_cost.flat)
+        limit, _ = speedup_limit(at_start, batch.alphas, batch.caps, batch.starts, models)
+        return limit > 1.0 + (control.gate.margin if control.gate is not None else 0.0)
 
     def _solutions(self, batch: _Batch) -> dict[int, tuple[float, list[int]]]:
         """(tokens per ms, ks) per largest k K = 0, 1, ... while a larger K may still pay; a K whose

@@ -92,7 +92,8 @@ class PassProfile:
             draft_passes, draft_rows = _relative_fit(x, np.asarray([t.ms for t in draft]))
         model = CostModel(0.0, target_passes, target_rows, draft_passes, draft_rows, kv_tokens_read,
                           num_rounds=0, source=f"measured: {self.description or self.key}",
-                          measured_draft=bool(draft), lookup_rows=fallback.lookup_rows if fallback else 0.0,
+                          measured_draft=bool(draft), measured_target=True,
+                          lookup_rows=fallback.lookup_rows if fallback else 0.0,
                           lookup_tokens=fallback.lookup_tokens if fallback else 0.0,
                           wide_kv_tokens_read=wide_kv_tokens_read)
         return replace(model, mape=self.error(model))

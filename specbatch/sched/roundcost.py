@@ -140,8 +140,10 @@ class RoundCostModel:
         lookup_ms = self.cost.lookup_ms(shape.num_lookup, shape.sum_index_lag)
         return self.cost.predict_ms(1, rows, draft_passes, draft_positions, kv, wide_kv) + lookup_ms
 
-    def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int) -> float:
-        """What one prefill pass adds to a round (no intercept: the round pays that once)."""
+    def prefill_extra_ms(self, num_rows: int, max_chunk: int, max_start: int, sum_chunk: int,
+                         draft: bool = True) -> float:
+        """What one prefill pass adds to a round (no intercept: the round pays that once); with
+        `draft`, the draft cache filled beside it too."""
         if num_rows == 0 or max_chunk <= 0:
             return 0.0
         c = self.cost
@@ -151,17 +153,21 @@ class RoundCostModel:
         else:
             rows, kv = self.verify_terms(num_rows, max_chunk, max_start)
             extra = c.target_passes + c.target_rows * rows + kv_ms * kv
-        if self.uses_draft_model:
+        if self.uses_draft_model and draft:
             extra += c.draft_passes + c.draft_rows * sum_chunk
         return extra
+
+    def prefill_ms(self, prefill: list[tuple[Row, int]], draft: bool = True) -> float:
+        """What a round's prefill chunks (row, tokens) add to it (`prefill_extra_ms`)."""
+        sizes = [size for _, size in prefill]
+        starts = [row.num_computed for row, _ in prefill]
+        return self.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0), sum(sizes), draft)
 
     def round_ms(self, decode: list[tuple[Row, int]], prefill: list[tuple[Row, int]]) -> float:
         """Predicted time of a whole planned round (decode rows with k, prefill rows with chunk)."""
         shape = DecodeShape.of([r for r, _ in decode], [k for _, k in decode])
-        sizes = [size for _, size in prefill]
-        starts = [row.num_computed for row, _ in prefill]
-        extra = self.prefill_extra_ms(len(sizes), max(sizes, default=0), max(starts, default=0), sum(sizes))
-        if self.flat and sizes and not decode:
+        extra = self.prefill_ms(prefill)
+        if self.flat and prefill and not decode:
             extra += self.cost.target_passes  # a pass of prefill chunks alone
         return self.decode_ms(shape) + extra
 
