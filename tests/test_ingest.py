@@ -437,3 +437,15 @@ def test_validator_defaults_come_from_config() -> None:
     request = Validator(config.sampling)(RawRecord(0, {"prompt": "p"}))
     assert (request.max_new_tokens, request.temperature, request.top_p) == (7, 0.3, 0.5)
     assert request.request_id == "rec-000000000" and not request.is_dropped
+
+
+def test_the_job_summary_names_each_field_it_kept_unread_beside_the_field_specbatch_reads() -> None:
+    from specbatch.job.finalize import JobSummary
+    from specbatch.job.flow import summary_markdown, summary_to_dict
+
+    summary = JobSummary("outputs/j", 3, 2, 1, 0, 12, {"malformed_json": 1}, {"choices": "choice"})
+    assert summary.rows()[-2:] == [("dropped: malformed_json", 1),
+                                   ("not read: choices", "kept as metadata; specbatch reads choice")]
+    markdown = summary_markdown(summary_to_dict(summary))  # the run's artifact: the same lines
+    assert "| not read: choices | kept as metadata; specbatch reads choice |" in markdown
+    assert "| dropped: malformed_json | 1 |" in markdown

@@ -255,13 +255,7 @@ def _submit_deployment(name: str, parameters: dict[str, Any], wait: bool) -> Non
 
 def _print_summary(summary: JobSummary) -> None:
     table = Table(title=f"job {summary.job_id}", show_header=False)
-    rows: list[tuple[str, int | str]] = [
-        ("records", summary.num_records), ("completed", summary.num_completed), ("dropped", summary.num_dropped),
-        ("cancelled", summary.num_cancelled), ("output tokens", summary.num_output_tokens)]
-    rows += [(f"  dropped: {reason}", count) for reason, count in sorted(summary.drop_reasons.items())]
-    rows += [(f"  not read: {name}", f"kept as metadata; specbatch reads {ours}")
-             for name, ours in sorted(summary.unread_fields.items())]
-    for name, value in rows:
+    for name, value in summary.rows():
         table.add_row(name, str(value))
     table.add_row("outputs", str(summary.job_dir))
     console.print(table)

@@ -47,6 +47,16 @@ class JobSummary:
     def is_complete(self) -> bool:
         return self.num_completed + self.num_dropped == self.num_records
 
+    def rows(self) -> list[tuple[str, int | str]]:
+        """(name, value) lines of the summary a person reads: the terminal's table, the run's artifact."""
+        rows: list[tuple[str, int | str]] = [
+            ("records", self.num_records), ("completed", self.num_completed), ("dropped", self.num_dropped),
+            ("cancelled", self.num_cancelled), ("output tokens", self.num_output_tokens)]
+        rows += [(f"dropped: {reason}", count) for reason, count in sorted(self.drop_reasons.items())]
+        rows += [(f"not read: {name}", f"kept as metadata; specbatch reads {ours}")
+                 for name, ours in sorted(self.unread_fields.items())]
+        return rows
+
 
 def summarize(job_dir: Location) -> JobSummary:
     """Counts of the committed results; a cancelled row of a request that ran again since is not counted."""

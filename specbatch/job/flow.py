@@ -318,12 +318,7 @@ def summary_from_dict(data: dict) -> JobSummary:
 
 
 def summary_markdown(outcome: dict) -> str:
-    rows = [("records", outcome["num_records"]), ("completed", outcome["num_completed"]),
-            ("dropped", outcome["num_dropped"]), ("cancelled", outcome["num_cancelled"]),
-            ("output tokens", outcome["num_output_tokens"])]
-    rows += [(f"dropped: {reason}", count) for reason, count in sorted(outcome["drop_reasons"].items())]
-    rows += [(f"not read: {name}", f"kept as metadata; specbatch reads `{ours}`")
-             for name, ours in sorted(outcome.get("unread_fields", {}).items())]
+    rows = summary_from_dict(outcome).rows()
     if "launcher" in outcome:
         rows += [("workers", f"{outcome['num_processes']} ({outcome['launcher']})")]
     lines = [f"# specbatch job `{location_name(outcome['job_dir'])}`", "", "| | |", "|---|---|"]
