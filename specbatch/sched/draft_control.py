@@ -167,7 +167,7 @@ class DraftGate:
     included, beyond what plain decoding takes for their tokens) may cost `max_loss_share` of the
     engine time so far; past it a comparison drafting is losing by a standard error ends at once,
     and after a plain choice the next one waits until the share is back under. Where the policy's
-    model prefers plain decoding, drafting blocks draft a trial (`note_trial`).
+    model prefers plain decoding, drafting rounds may draft a trial (`note_trial`).
 
     Invariant: the gate only chooses between the policy's drafts and none; it never changes what a
     row outputs, and a wrong call costs at most the next interval."""
@@ -288,9 +288,8 @@ class DraftGate:
     def note_trial(self) -> None:
         """The policy drafts in this comparison only because it compares (its round-time model prefers
         plain decoding, `AdaptiveLookahead._trial`): the comparison then ends once each mode has
-        `min_compare_rounds`, its point estimate deciding. A trial checks the model rather than
-        settling a close call; where the model is right it is a loss (trials run to 1/8 of the
-        interval cost a simulated job where drafting ties 3%, 4-6% in 1 seed of 8)."""
+        `min_compare_rounds`, its point estimate deciding: a trial checks the model rather than
+        settling a close call, and where the model is right it is a loss."""
         self._trial = True
 
     def _settled(self) -> bool:

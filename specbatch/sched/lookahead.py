@@ -141,8 +141,9 @@ class AdaptiveLookahead:
     domain and by the row), it is priced at α's estimate and repaid within `switch_horizon` rounds. Where
     the round-time model is learnt on the run and has not measured the draft model, the scheduler's
     probes do (`DraftControl.probe_row`), so a pessimistic prior cannot keep k at 0. With a
-    draft gate (`DraftControl.gate`), its plain rounds plan k = 0 for every row, and its comparisons'
-    drafting blocks draft even where the model prefers none (`_trial`): they measure drafting.
+    draft gate (`DraftControl.gate`), its plain rounds plan k = 0 for every row, and its drafting rounds
+    (a comparison's drafting blocks, an interval it chose drafting for) draft a trial where the model
+    prefers none but the passes timed at the job's start say drafting pays (`_trial`).
     """
 
     ctx: SchedContext
@@ -195,16 +196,17 @@ class AdaptiveLookahead:
         return solutions[best][1]
 
     def _trial(self, batch: _Batch, rows: list[Row]) -> list[int]:
-        """What a comparison's drafting block runs where the model prefers plain decoding: the plan
-        with drafts it rates best (solved per largest k, or every row at min(cap, K)) among the rows
-        whose catch-ups, cheapest first, together cost at most a plain round; nothing (the block is
-        plain decoding, free) where even drafts always accepted could not win.
+        """What the gate's drafting rounds run where the model prefers plain decoding: the plan with
+        drafts it rates best (solved per largest k, or every row at min(cap, K)) among the rows whose
+        catch-ups, cheapest first, together cost at most a plain round; nothing where the passes timed
+        at the job's start do not say drafting pays either (`_measured_passes_say_drafting_pays`).
 
         Drafting blocks that plan k = 0 compare plain decoding with itself, and only rounds that draft
         refit drafting's prices: a model that priced drafting too dear once (a slow stretch of the
         machine during the first comparison, issue 43) kept SmolLM2 on one-schema extraction plain for
-        the rest of the job in 3 runs of 10. Where the model is right a trial is a loss: catching up
-        every row cost a simulated job where drafting ties 1.5% (dear suffix indexing), hence the
+        the rest of the job in 3 runs of 10, and after a trial won a comparison the interval it won
+        was plain decoding again. Where the model is right a trial is a loss: catching up every row
+        cost a simulated job where drafting does not pay 2% (dear suffix indexing, 8 draws), hence the
         bound, and a trial comparison ends early (`DraftGate.note_trial`)."""
         round_cost = self.ctx.round_cost
         models = [self.ctx.drafts_with_model(row) for row in rows]
