@@ -61,8 +61,8 @@ class CostModel:
     def measured_coefficients(self) -> tuple[str, ...]:
         """The coefficients timed on the models in use (`sched/pass_profile.py`), not guessed."""
         target = ("target_passes", "target_rows", "kv_tokens_read", "wide_kv_tokens_read")
-        return (target if self.measured_target else ()) + (("draft_passes", "draft_rows") if self.measured_draft
-                                                            else ())
+        draft = ("draft_passes", "draft_rows")
+        return (target if self.measured_target else ()) + (draft if self.measured_draft else ())
 
     def lookup_ms(self, num_rows: float, num_indexed_tokens: float) -> float:
         return self.lookup_rows * num_rows + self.lookup_tokens * num_indexed_tokens
