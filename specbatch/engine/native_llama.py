@@ -8,11 +8,10 @@ paged cache (queries rotated in place, keys rotated straight into the pool, one 
 over it (`paged_cache.attend`), the output projection with the residual added in the GEMM, RMSNorm,
 the gate GEMM with its SiLU, the up GEMM times the gate, and the down projection with the residual:
 the same maths in the same order as the Hugging Face layers (RMSNorm in float32, as theirs), on the
-same weights. The fused weights are
-the model's own: its projections become views into them, so the Hugging Face path keeps working (a
-`generate` baseline, training). On a CPU each GEMM's weight is also packed once for oneDNN
-(`engine/packed_linear.py`, a second copy of the weights), and RMSNorm and rotary run as one C pass
-each (`engine/fused_ops.py`), rounding as Hugging Face's in bfloat16.
+same weights. The fused weights are the model's own: its projections become views into them, so the
+Hugging Face path keeps working (a `generate` baseline, training). On a CPU each GEMM's weight is
+also packed once for oneDNN (`engine/packed_linear.py`, a second copy of the weights), and RMSNorm
+and rotary run as one C pass each (`engine/fused_ops.py`), rounding as Hugging Face's in bfloat16.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ rows). Each side runs the plain product and the SiLU-fused one (`POST_OPS`), the
 dearest of a layer's post-ops: the panels' SiLU is libm's exponential, bit for bit, where oneDNN's is
 its own, so at 512-2,048 bfloat16 rows the panels came within 2-8% of oneDNN's plain product but
 ran its SiLU-fused one at 0.75-0.83 of its speed (AMD EPYC, Zen 4), and the plain product alone, or
-both with a margin of a tenth, set no bound up to 512 rows. 2-4 s per dtype, once: cached per machine, dtype,
-threads, torch version and kernel sources in `$SPECBATCH_CACHE_DIR/gemm/` (a changed kernel is
+both with a margin of a tenth, set no bound up to 512 rows. 2-4 s per dtype, once: cached per machine,
+dtype, threads, torch version and kernel sources in `$SPECBATCH_CACHE_DIR/gemm/` (a changed kernel is
 measured again).
 """
 

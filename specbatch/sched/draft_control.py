@@ -74,7 +74,8 @@ class DraftControl:
         """A plan was made: whether it drafts, how long since one drafted or probed, and (while the
         gate compares) what filling its rows' draft caches from empty would cost, and what its prefills
         add to the round."""
-        self.prefill_ms = round_cost.prefill_ms(plan.prefill, draft=False)
+        if self.gate is not None:
+            self.prefill_ms = round_cost.prefill_ms(plan.prefill, draft=False)
         if not plan.decode:
             return
         self.drafting = any(k > 0 for _, k in plan.decode)

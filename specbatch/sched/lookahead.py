@@ -189,13 +189,13 @@ class AdaptiveLookahead:
             best = kept
         self.last_k_max = best
         if not any(solutions[best][1]) and gate is not None and gate.drafts and (gate.comparing or gate.choice):
-            ks = self._trial(batch, rows)
+            ks = self._trial(batch, rows, solutions[0][0])
             if any(ks) and gate.comparing:
                 gate.note_trial()
             return ks
         return solutions[best][1]
 
-    def _trial(self, batch: _Batch, rows: list[Row]) -> list[int]:
+    def _trial(self, batch: _Batch, rows: list[Row], plain_rate: float) -> list[int]:
         """What the gate's drafting rounds run where the model prefers plain decoding: the plan with
         drafts it rates best (solved per largest k, or every row at min(cap, K)) among the rows whose
         catch-ups, cheapest first, together cost at most a plain round; nothing where the passes timed
@@ -207,12 +207,13 @@ class AdaptiveLookahead:
         the rest of the job in 3 runs of 10, and after a trial won a comparison the interval it won
         was plain decoding again. Where the model is right a trial is a loss: catching up every row
         cost a simulated job where drafting does not pay 2% (dear suffix indexing, 8 draws), hence the
-        bound, and a trial comparison ends early (`DraftGate.note_trial`)."""
+        bound, and a trial comparison ends early (`DraftGate.note_trial`). `plain_rate`: the batch's
+        tokens per ms at k = 0."""
         round_cost = self.ctx.round_cost
         models = [self.ctx.drafts_with_model(row) for row in rows]
         if not self._measured_passes_say_drafting_pays(batch, models):
             return [0 for _ in rows]
-        plain_ms = round_cost.decode_ms(batch.shape([0 for _ in rows]))
+        plain_ms = len(rows) / plain_rate
         catch_ups = [round_cost.draft_position_ms * (draft_lag(row) - 1) if model
                      else round_cost.cost.lookup_tokens * self.ctx.index_lag(row) for row, model in zip(rows, models,
                                                                                                        strict=True)]
@@ -224,7 +225,7 @@ class AdaptiveLookahead:
         if not any(caps):
             return caps
         trial = replace(batch, caps=caps)
-        lag_limits = self._lag_limits(trial, len(rows) / plain_ms)
+        lag_limits = self._lag_limits(trial, plain_rate)
         plans = [self._solve(trial, k_max, lag_limits) for k_max in range(1, max(caps) + 1)]
         for k_max in range(1, max(caps) + 1):
             uniform = [min(cap, k_max) for cap in caps]

@@ -24,9 +24,9 @@
  * Post-ops (`op`): 0 none, 1 add `other` (a residual), 2 multiply by `other` (a gate), 3 SiLU, applied
  * to the float32 sum (plus bias), a vector at a time on whole panels (`post_op_vec`; at 32 bfloat16
  * rows the element-wise epilogue took 16-20% of the GEMM at k = 576, SiLU's libm exponential more).
- * float32 rounds as torch's separate ops do; bfloat16 rounds once, after the op, as oneDNN's fused post-ops in the prefill passes do (rounding op by op instead made a
- * tiny bfloat16 model's greedy outputs match Hugging Face's less often: 5 of 16 against 8 or more,
- * tests/test_low_precision.py).
+ * float32 rounds as torch's separate ops do; bfloat16 rounds once, after the op, as oneDNN's fused
+ * post-ops in the prefill passes do (rounding op by op instead made a tiny bfloat16 model's greedy
+ * outputs match Hugging Face's less often: 5 of 16 against 8 or more, tests/test_low_precision.py).
  * Layouts contiguous: x and other [rows, k] / [rows, n], w [n, k], bias [n] or NULL, out [rows, n],
  * panels [ceil(n / PANEL), k, PANEL] (columns past n zero). Built by
  * specbatch/engine/streamed_gemm.py with vector extensions, so any target compiles it. */
@@ -147,7 +147,8 @@ static const panel_tile_fn panel_tiles[ROW_TILE + 1] = {
                                 int64_t at = (first + m) * n + first_col + j;                           \
                                 vec value = *(const vec *)&tile[m][j]                                   \
                                             + (bias != NULL ? LOAD(bias + first_col + j) : (vec){0});   \
-                                STORE(out + at, post_op_vec(value, op, other != NULL ? LOAD(other + at) : (vec){0})); \
+                                vec with = other != NULL ? LOAD(other + at) : (vec){0};                 \
+                                STORE(out + at, post_op_vec(value, op, with));                          \
                             }                                                                           \
                         continue;                                                                       \
                     }                                                                                   \
