@@ -187,6 +187,36 @@ def test_a_prefill_fills_the_draft_cache_when_its_rows_would_draft():
     assert [k for _, k in plan.decode] == [0] * 4 and plan.prefill and not plan.draft_prefill
 
 
+def test_a_first_prefill_fills_the_draft_cache_only_if_the_batch_it_joins_would_draft():
+    """The job's first round prefills one row's chunk of the rows it admitted: asked of that row
+    alone, drafts at the prior's α pay; in the batch of 16 it will decode in they do not, so its
+    draft cache is not filled (1,759 draft rows of a bundled-pair batch-8 job that never drafted)."""
+    scheduler = make_scheduler("fcfs", "adaptive", prefill="fixed:64", max_rows=16, max_tokens=64, max_lookahead=8)
+    for i in range(16):
+        scheduler.add(make_row(f"new{i}", 150, 100))
+    plan, _ = scheduler.plan(0.0)
+    assert len(scheduler.running) == 16 and [row.request_id for row, _ in plan.prefill] == ["new0"]
+    assert not plan.draft_prefill
+    lone = make_scheduler("fcfs", "adaptive", prefill="fixed:64", max_rows=16, max_tokens=64, max_lookahead=8)
+    lone.add(make_row("new0", 150, 100))
+    plan, _ = lone.plan(0.0)
+    assert plan.draft_prefill
+
+
+def test_a_row_completing_its_prefill_without_a_filled_draft_cache_joins_a_drafting_round_at_k_0():
+    """Taking the round's k would catch up its whole prompt in draft rows, unpriced."""
+    scheduler = make_scheduler("fcfs", "adaptive", max_rows=8, max_lookahead=4)
+    for i in range(2):
+        scheduler.add(make_row(f"good{i}", 20, 100, history=GOOD, num_output=10))
+    behind, current = make_row("behind", 60, 100), make_row("current", 60, 100)
+    behind.num_computed = current.num_computed = current.num_draft_computed = 58  # 2 prompt tokens to go
+    scheduler.add(behind)
+    scheduler.add(current)
+    plan, _ = scheduler.plan(0.0)
+    ks = {row.request_id: k for row, k in plan.decode}
+    assert ks["good0"] > 0 and ks["current"] > 0 and ks["behind"] == 0
+
+
 def test_plain_rounds_between_the_gates_comparisons_fill_no_draft_cache():
     """Once the draft gate chose plain decoding, a joining row's draft cache is filled only while a
     comparison runs: plain rounds leave every cache behind anyway, and filling each joining row before

@@ -34,7 +34,7 @@ class DraftControl:
 
     cost_fit: OnlineCostFit | None = None  # refits the round-time model on the rounds run (scheduler.learn_cost)
     gate: DraftGate | None = None  # measured speed with and without drafts (scheduler.learn_cost)
-    drafting: bool = True  # whether the last round with decode rows drafted for any of them
+    drafting: bool = False  # whether the last round with decode rows drafted for any of them (none yet)
     # plans without drafts between probes while cost_fit does not know drafting's cost
     probe_every: int = 4
     plans_without_drafts: int = 0  # decode plans since one drafted or probed
@@ -90,8 +90,9 @@ class DraftControl:
         in `draft_prefill_ms`, part of the record's prefill time) is a cost of drafting, whichever
         mode the round ran in. The gate compares the round without what its prefills add (predicted,
         at most the pass's share by positions, `RoundRecord.prefill_ms`)."""
+        planning = self.gate is None or self.gate.drafts or self.gate.comparing  # else the policy drafts nothing
         if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_positions,
-                                                                                  draft_prefill_ms)):
+                                                                                  draft_prefill_ms, planning)):
             round_cost.cost = refitted
         if self.gate is not None:
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost

@@ -174,7 +174,7 @@ class AdaptiveLookahead:
         gate = self.ctx.draft.gate
         if not rows or max(caps) == 0 or (gate is not None and not gate.drafts and not gate.comparing):
             return False
-        solutions = self._solutions(_Batch.of(self.ctx, rows, caps, self.switch_horizon, self.explore_z))
+        solutions = self._solutions(_Batch.of(self.ctx, rows, caps, self.switch_horizon))
         return max(solutions, key=lambda k_max: solutions[k_max][0]) > 0
 
     def _choose(self, rows: list[Row], caps: list[int]) -> list[int]:
