@@ -170,7 +170,9 @@ class AdaptiveLookahead:
         every comparison, as before, cost a batch-32 job where drafting ties with plain decoding
         +6 ms a prefill round (1,700-3,400 draft rows for nothing, ~7% of the job). The price: rows
         that joined plain rounds lag by their prompts at a comparison, which favours plain decoding,
-        the mode the last comparison chose."""
+        the mode the last comparison chose. At α's estimate, not its exploring bound: exploration
+        drafts where drafting costs a round's rows, not where it costs every row's prompt (the one
+        trial row's catch-up measures α, `_unproven_catch_ups`)."""
         gate = self.ctx.draft.gate
         if not rows or max(caps) == 0 or (gate is not None and not gate.drafts and not gate.comparing):
             return False

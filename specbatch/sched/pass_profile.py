@@ -161,7 +161,9 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     """(limit, best K): the speedup over plain decoding the model and the rows' α allow at the best
     largest k (module docstring), `starts` the rows' first query positions; (1.0, 0) where no K beats
     plain decoding. `model_rows[i]`: row i's drafts come from a draft model (its rows and passes
-    priced; lag 1), else from a lookup (its host time priced, its index current)."""
+    priced; lag 1), else from a lookup (its host time priced, its index current). The search stops
+    once the speedup has fallen twice in a row, as the policy's does: tokens are concave in K and
+    the time about affine, so their ratio peaks once (every round computes this, for the ledger)."""
     num_rows = len(alphas)
     if not num_rows or max(caps, default=0) == 0:
         return 1.0, 0
@@ -173,6 +175,8 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     num_model, sum_model, sum_all = 0, 0, 0  # rows drafting with a model at K, their drafts, every row's
     num_lookup = sum(1 for cap, model in zip(caps, model_rows, strict=True) if cap >= 1 and not model)
     wide_starts = [start for start, cap in zip(starts, caps, strict=True) if cap >= 1]  # rows verifying drafts
+    num_wide, sum_wide_start = len(wide_starts), sum(wide_starts)
+    previous, num_worse = 1.0, 0
     for k_max in range(1, max(caps) + 1):
         for i, (alpha, cap) in enumerate(zip(alphas, caps, strict=True)):
             if cap >= k_max:
@@ -182,10 +186,13 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
                 if model_rows[i]:
                     num_model, sum_model = num_model + (k_max == 1), sum_model + 1
         shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model, sum_start,
-                            sum_all, num_model, num_lookup, num_wide=len(wide_starts), sum_wide_start=sum(wide_starts))
+                            sum_all, num_model, num_lookup, num_wide=num_wide, sum_wide_start=sum_wide_start)
         speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
         if speedup > best:
             best, best_k = speedup, k_max
+        num_worse, previous = (num_worse + 1 if speedup < previous else 0), speedup
+        if num_worse == 2:
+            break
     return best, best_k
 
 
