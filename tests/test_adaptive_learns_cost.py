@@ -129,36 +129,6 @@ def test_refits_grow_rarer_once_the_draft_cost_is_known_but_never_past_half_a_wi
     assert refits[:2] == [8, 16] and max(gaps) == fit.window // 2 and len(refits) < 64
 
 
-def test_a_refit_that_falls_due_while_nothing_plans_from_the_model_waits_for_the_next_round_that_does():
-    """The draft gate's plain interval plans nothing from the model: a refit due then runs at the
-    first round that may refit, on the same window (refits while plain cost a batch-8 job 2.5%)."""
-    fit = OnlineCostFit(CPU_DEMO_PROFILE, refit_every=4)
-    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
-    records = [replace(base, num_target_passes=1, num_target_rows=8, num_kv_tokens_read=800 + 40 * i,
-                       round_ms=6.0 + 0.3 * i) for i in range(8)]
-    assert [fit.observe(record, 0, may_refit=False) for record in records] == [None] * 8
-    assert fit.current is CPU_DEMO_PROFILE and fit.num_seen == 8
-    refitted = fit.observe(replace(records[0], round_ms=6.1), 0)
-    assert refitted is not None and refitted.num_rounds == 9
-
-
-def test_the_gates_plain_interval_defers_refits_and_its_comparisons_refit():
-    timed = replace(CPU_DEMO_PROFILE, measured_draft=True)  # drafting's price known: nothing left to learn first
-    context = make_context(load_config(None, ["scheduler.lookahead=adaptive", "drafter.kind=draft"]), timed)
-    draft, gate = context.draft, context.draft.gate
-    assert draft.cost_fit is not None and gate is not None
-    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
-    record = replace(base, num_decode_rows=8, num_committed=8, num_target_passes=1, num_target_rows=8,
-                     num_kv_tokens_read=800, round_ms=6.0)
-    gate.drafts, gate.comparing, gate._left, gate._started = False, False, 10**6, True  # plain won, for long
-    for i in range(64):
-        draft.observe_round(replace(record, round_ms=6.0 + 0.01 * i), context.round_cost, 0)
-    assert draft.cost_fit.num_seen == 64 and draft.cost_fit.current is draft.cost_fit.prior
-    gate.comparing = True
-    draft.observe_round(record, context.round_cost, 0)
-    assert draft.cost_fit.current is not draft.cost_fit.prior
-
-
 def test_the_draft_cost_stays_known_when_fills_push_the_drafting_phases_out_of_its_window():
     fit = OnlineCostFit(CPU_DEMO_PROFILE)
     base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})

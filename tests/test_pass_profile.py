@@ -4,13 +4,14 @@ and the speedup limit it implies. No model runs here except in the one engine te
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 
 import pyarrow as pa
 import pytest
 
 from specbatch.core import PassShape
-from specbatch.sched.costmodel import CostModel
+from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
 from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.pass_profile import (
     PassProfile,
@@ -88,6 +89,40 @@ def test_speedup_limit_is_the_formula_at_the_best_k():
     expected = max((1 - 0.9 ** (j + 1)) / 0.1 / ((20 + 10 * j) / 20) for j in range(1, 9))
     assert limit == pytest.approx(expected) and k >= 1
     assert speedup_limit(dear, [0.0], [8], [0], [False]) == (1.0, 0)
+
+
+def test_speedup_limit_stopping_past_the_peak_finds_the_best_k_of_a_full_search():
+    """It stops once the speedup fell twice in a row; on mixed batches (α, caps, KV, lookup and
+    model rows) under a timed profile and the CPU prior that is the best of every K."""
+
+    def full_search(round_cost, alphas, caps, starts, models):
+        """The limit's formula at every K (module docstring), nothing skipped."""
+        plain_ms = round_cost.decode_ms(DecodeShape(len(alphas), max(starts), sum_start=sum(starts)))
+        wide = [start for start, cap in zip(starts, caps, strict=True) if cap >= 1]
+        best = 1.0
+        for k_max in range(1, max(caps) + 1):
+            ks = [min(cap, k_max) for cap in caps]
+            tokens = sum((1 - a ** (k + 1)) / (1 - a) for a, k in zip(alphas, ks, strict=True))
+            drafting = [k for k, model in zip(ks, models, strict=True) if model and k]
+            num_lookup = sum(1 for cap, model in zip(caps, models, strict=True) if cap and not model)
+            shape = DecodeShape(len(alphas), max(starts), k_max, len(drafting), 1 if drafting else 0, sum(drafting),
+                                sum(starts), sum(ks), len(drafting), num_lookup, num_wide=len(wide),
+                                sum_wide_start=sum(wide))
+            best = max(best, tokens / len(alphas) * plain_ms / round_cost.decode_ms(shape))
+        return best
+
+    rng = random.Random(43)
+    for cost in (recorded().fit(), CPU_DEMO_PROFILE, TRUE):
+        for flat in (False, True):
+            round_cost = RoundCostModel(cost, flat=flat)
+            for _ in range(60):
+                n = rng.choice([1, 2, 8, 32])
+                alphas = [rng.uniform(0.05, 0.98) for _ in range(n)]
+                caps = [rng.choice([0, 1, 3, 8]) for _ in range(n)]
+                starts = [rng.randrange(10, 900) for _ in range(n)]
+                models = [rng.random() < 0.5 for _ in range(n)]
+                limit, _ = speedup_limit(round_cost, alphas, caps, starts, models)
+                assert limit == pytest.approx(full_search(round_cost, alphas, caps, starts, models))
 
 
 def test_no_alpha_pays_where_a_position_costs_as_much_as_a_token():

@@ -90,9 +90,8 @@ class DraftControl:
         in `draft_prefill_ms`, part of the record's prefill time) is a cost of drafting, whichever
         mode the round ran in. The gate compares the round without what its prefills add (predicted,
         at most the pass's share by positions, `RoundRecord.prefill_ms`)."""
-        planning = self.gate is None or self.gate.drafts or self.gate.comparing  # else the policy drafts nothing
         if self.cost_fit is not None and (refitted := self.cost_fit.observe(record, num_draft_prefill_positions,
-                                                                                  draft_prefill_ms, planning)):
+                                                                                  draft_prefill_ms)):
             round_cost.cost = refitted
         if self.gate is not None:
             learning = self.cost_fit is not None and not self.cost_fit.knows_draft_cost

@@ -85,13 +85,10 @@ class OnlineCostFit:
         return self._rounds[: min(self.num_seen, self.window)]
 
     def observe(self, record: RoundRecord, num_draft_prefill_positions: int,
-                draft_prefill_ms: float = 0.0, may_refit: bool = True) -> CostModel | None:
+                draft_prefill_ms: float = 0.0) -> CostModel | None:
         """Take one round (and the draft rows its prefill computed in `draft_prefill_ms`, inside its
         draft figures and its prefill time); returns the refitted model when this round triggered a
-        refit that was taken. `may_refit` False: nothing plans from the model now (the draft gate's
-        plain interval), so a refit that falls due waits for the first round that may refit, on the
-        same window: refits while the bundled pair's gate ran plain decoding cost 13 ms of a 0.5 s
-        batch-8 job (2.5%)."""
+        refit that was taken."""
         if record.warmup_ms > 0 or record.round_ms <= 0:
             return None
         fill_passes = int(num_draft_prefill_positions > 0)
@@ -108,7 +105,7 @@ class OnlineCostFit:
             self.drafted.append(_DraftTiming(model_passes, draft_positions - num_draft_prefill_positions, *lookups,
                                              record.draft_ms, float(model_passes > 0)))
         self.num_seen += 1
-        if self.num_seen < self._next_refit or not may_refit:
+        if self.num_seen < self._next_refit:
             return None
         interval = min(self.window // 2, self.num_seen // 8) if self.knows_draft_cost else 0
         self._next_refit = self.num_seen + max(self.refit_every, interval)
