@@ -212,13 +212,12 @@ class AdaptiveLookahead:
         bound, and a trial comparison ends early (`DraftGate.note_trial`). `plain_rate`: the batch's
         tokens per ms at k = 0."""
         round_cost = self.ctx.round_cost
-        models = [self.ctx.drafts_with_model(row) for row in rows]
-        if not self._measured_passes_say_drafting_pays(batch, models):
+        if not self._measured_passes_say_drafting_pays(batch):
             return [0 for _ in rows]
         plain_ms = len(rows) / plain_rate
         catch_ups = [round_cost.draft_position_ms * (draft_lag(row) - 1) if model
-                     else round_cost.cost.lookup_tokens * self.ctx.index_lag(row) for row, model in zip(rows, models,
-                                                                                                       strict=True)]
+                     else round_cost.cost.lookup_tokens * self.ctx.index_lag(row)
+                     for row, model in zip(rows, batch.models, strict=True)]
         caps, spent = [0 for _ in rows], 0.0
         for catch_up_ms, i in sorted((ms, i) for i, ms in enumerate(catch_ups) if batch.caps[i] > 0):
             if spent + catch_up_ms > plain_ms:
@@ -234,7 +233,7 @@ class AdaptiveLookahead:
             plans.append((trial.tokens(uniform) / round_cost.decode_ms(trial.shape(uniform)), uniform))
         return max((plan for plan in plans if any(plan[1])), key=lambda plan: plan[0])[1]
 
-    def _measured_passes_say_drafting_pays(self, batch: _Batch, models: list[bool]) -> bool:
+    def _measured_passes_say_drafting_pays(self, batch: _Batch) -> bool:
         """Whether, at the rows' α, drafting beats plain decoding by the gate's margin with the passes
         priced as timed at the job's start (the online fit's prior, where it timed them: `CostModel.
         measured_coefficients`) and the rest as refitted. Only then can the model's preference for plain
@@ -247,7 +246,7 @@ class AdaptiveLookahead:
         prior, round_cost = control.cost_fit.prior, self.ctx.round_cost
         timed = replace(round_cost.cost, **{name: getattr(prior, name) for name in prior.measured_coefficients})
         at_start = RoundCostModel(timed, round_cost.buckets, round_cost.uses_draft_model, round_cost.flat)
-        limit, _ = speedup_limit(at_start, batch.alphas, batch.caps, batch.starts, models)
+        limit, _ = speedup_limit(at_start, batch.alphas, batch.caps, batch.starts, batch.models)
         return limit > 1.0 + (control.gate.margin if control.gate is not None else 0.0)
 
     def _solutions(self, batch: _Batch) -> dict[int, tuple[float, list[int]]]:
