@@ -160,7 +160,7 @@ class DraftGate:
     before it in rounds (then the point estimate decides). The faster mode then runs alone for an
     *interval* that doubles from `min_interval` to `max_interval` rounds while comparisons confirm
     the choice and starts again when one does not. Ties go to plain decoding (drafting must be
-    `margin` faster). Earlier comparisons count at `memory` times their weight per comparison since.
+    `margin` faster); a plain choice that drafting led runs 1/`close_call_recheck` of the interval. Earlier comparisons count at `memory` times their weight per comparison since.
     After a plain choice the interval is at least long enough that the next comparison's catch-up
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
     Nothing is compared while the round-time model has not measured drafting (`learning`).
@@ -180,6 +180,9 @@ class DraftGate:
     min_interval: int = 64
     max_interval: int = 2048
     margin: float = 0.03
+    # a plain choice that drafting led (by less than the margin) runs 1/this of the interval before the next
+    # comparison (the catch-up still repaid): a drafter whose α rises as the job goes is checked again sooner
+    close_call_recheck: int = 4
     memory: float = 0.5
     catch_up_share: int = 32
     max_start_wait: int = 64  # decode rounds the first comparison waits for the first round without prefills
@@ -321,6 +324,9 @@ class DraftGate:
             self.interval = max(self.interval, min(self._repaying_interval(), self.max_interval))
         self.choice = self.drafts = best
         self.comparing, self._left, self._block = False, self.interval, 0
+        if not best and self.rate(True) > self.rate(False):  # drafting led, by less than the margin
+            self._left = max(self.interval // self.close_call_recheck,
+                             min(self._repaying_interval(), self.max_interval))
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}
         self._trial = False
