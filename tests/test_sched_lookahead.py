@@ -10,7 +10,9 @@ import pyarrow as pa
 import pytest
 from sched_engine_helpers import make_row, make_scheduler
 
+from specbatch.core import RoundOutcome, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
+from specbatch.sched.commit import commit_round
 from specbatch.sched.context import SchedContext
 from specbatch.sched.costmodel import CPU_DEMO_PROFILE, CostModel
 from specbatch.sched.draft_control import DraftControl, DraftGate
@@ -21,6 +23,7 @@ from specbatch.sched.online_cost import OnlineCostFit
 from specbatch.sched.packing import Packer
 from specbatch.sched.prefill import DeadlinePrefillChunk
 from specbatch.sched.roundcost import DecodeShape, RoundCostModel
+from specbatch.sched.stops import StopChecker
 
 GOOD, POOR = [(4, 4)] * 10, [(0, 4)] * 10  # accept histories: everything / nothing accepted
 
@@ -383,3 +386,23 @@ def test_a_trial_catches_up_only_the_rows_whose_catch_ups_cost_a_plain_round_tog
     drafting = [i for i, k in enumerate(ks) if k]
     assert drafting == list(range(len(drafting))) and 0 < len(drafting) < 8  # cheapest first, not all
     assert sum(0.05 * 100 * i for i in drafting) <= plain_ms
+
+
+def test_a_planned_draft_the_drafter_did_not_propose_counts_as_a_stop():
+    """A lookup proposes only what its match holds: k = 4 planned, 2 proposed and accepted commits 3
+    tokens, as a rejection after 2 would. Counted as no rejection, α was the acceptance of proposed
+    drafts, and the policy, the drafter choice and the ledger's limit priced planned positions at it:
+    SmolLM2 extraction with suffix drafting proposed short in 45% of its row-rounds, and its limit read
+    1.49 where the rounds got 1.26 at the model's prices."""
+    scheduler = make_scheduler("fcfs", "fixed:4", max_rows=4, max_lookahead=4)
+    short, empty, whole = (make_row(name, 20, 100, num_output=10) for name in ("short", "empty", "whole"))
+    for row in (short, empty, whole):
+        scheduler.add(row)
+    plan, _ = scheduler.plan(0.0)
+    assert [k for _, k in plan.decode] == [4, 4, 4]
+    outcome = RoundOutcome([RowOutcome(short, 4, [5, 6], 2, [5, 6, 9]), RowOutcome(empty, 4, [], 0, [9]),
+                            RowOutcome(whole, 4, [5, 6, 7, 8], 4, [5, 6, 7, 8, 9])])
+    commit_round(scheduler, StopChecker(set(), lambda ids: "", 10_000), plan, outcome, 0.0)
+    assert [row.accept_history for row in (short, empty, whole)] == [[(2, 4)], [(0, 4)], [(4, 4)]]
+    assert scheduler.stats.accepted[""] == 6 and scheduler.stats.rejections[""] == 2
+    assert scheduler.ctx.alpha(short) < scheduler.ctx.alpha(whole)

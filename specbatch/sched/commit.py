@@ -66,10 +66,10 @@ def _commit_verified(scheduler: Scheduler, stops: StopChecker, outcome: RowOutco
     row.num_proposed += num_proposed
     row.num_accepted += outcome.num_accepted
     row.last_k = outcome.k
-    if num_proposed:
-        row.accept_history.append((outcome.num_accepted, num_proposed))
-        scheduler.stats.observe(row.domain, num_proposed, outcome.num_accepted)
-        scheduler.ctx.alphas.observe_drafts(row, num_proposed, outcome.num_accepted)
+    if outcome.k:  # a planned draft the drafter did not propose (a lookup's match ran out) ends the run as a rejection
+        row.accept_history.append((outcome.num_accepted, outcome.k))
+        scheduler.stats.observe(row.domain, outcome.k, outcome.num_accepted)
+        scheduler.ctx.alphas.observe_drafts(row, outcome.k, outcome.num_accepted)
     if row.first_token_s is None and committed:
         row.first_token_s = now_s
     return committed

@@ -12,7 +12,10 @@ counts accepted drafts A and rounds that ended in a rejection R (a < k):
 
     α̂ = A / (A + R)
 
-and we shrink it towards a prior with weight w:  α̂ = (A + w·prior) / (A + R + w).
+and we shrink it towards a prior with weight w:  α̂ = (A + w·prior) / (A + R + w). k is the round's
+*planned* lookahead: a lookup proposes only what its match holds, and a planned draft it did not
+propose ends the run as a rejection does (the commit step counts it so), so α̂ is the chance that a
+planned position is proposed and kept, what the policy, the drafter choice and the limit price.
 """
 
 from __future__ import annotations
