@@ -52,12 +52,14 @@ def drafter_shares(steps: list[StepRecord]) -> dict[str, float]:
 
 def fitted_acceptance(steps: list[StepRecord], domains: dict[str, str], seed: int) -> DomainAcceptance:
     """Per domain, Beta(mean, concentration) by the method of moments over the rows' own α
-    (accepted / (accepted + rejections), rows with at least 4 such samples)."""
+    (accepted / (accepted + stops), rows with at least 4 such samples; a stop is a rejection or a
+    proposal shorter than the planned k, as the scheduler counts it: the simulated lookup proposes
+    the whole k once it matches)."""
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for step in steps:
         if step.num_proposed:
             counts[step.request_id][0] += step.num_accepted
-            counts[step.request_id][1] += int(step.num_accepted < step.num_proposed)
+            counts[step.request_id][1] += int(step.num_accepted < step.k)  # a short proposal stops as a rejection
     per_domain: dict[str, list[float]] = defaultdict(list)
     for request_id, (accepted, rejections) in counts.items():
         if accepted + rejections >= 4:
@@ -92,7 +94,7 @@ def drafter_scales(steps: list[StepRecord]) -> dict[str, float]:
     for step in (s for s in steps if s.num_proposed):
         for key in (step.drafter, "*"):
             totals[key][0] += step.num_accepted
-            totals[key][1] += int(step.num_accepted < step.num_proposed)
+            totals[key][1] += int(step.num_accepted < step.k)
     alpha = {kind: accepted / max(accepted + rejections, 1) for kind, (accepted, rejections) in totals.items()}
     return {kind: value / alpha["*"] for kind, value in alpha.items() if kind != "*" and alpha["*"] > 0}
 

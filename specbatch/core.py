@@ -85,7 +85,8 @@ class Row:
     num_accepted: int = 0
     num_preemptions: int = 0
     num_reused_tokens: int = 0  # prompt positions whose KV was copied from a shared prefix, not computed
-    # acceptance history: accepted prefix length and k of each speculative round
+    # acceptance history: accepted prefix length and planned k of each speculative round (drafts planned but
+    # not proposed, a lookup's match running out, end the run as a rejection does)
     accept_history: list[tuple[int, int]] = field(default_factory=list)
     last_k: int = 0
     # the drafter of the row's drafts this round, where a job has several (`drafter.kind`: the scheduler
@@ -141,12 +142,6 @@ class Row:
     @property
     def is_finished(self) -> bool:
         return self.status in (Status.COMPLETED, Status.DROPPED, Status.CANCELLED)
-
-    def acceptance_estimate(self, prior: float, prior_weight: float = 2.0) -> float:
-        """Per-token acceptance α from this row's history, shrunk towards a prior (e.g. its domain's)."""
-        accepted = sum(a for a, _ in self.accept_history)
-        proposed = sum(k for _, k in self.accept_history)
-        return (accepted + prior * prior_weight) / (proposed + prior_weight)
 
 
 @dataclass

@@ -160,7 +160,8 @@ class DraftGate:
     before it in rounds (then the point estimate decides). The faster mode then runs alone for an
     *interval* that doubles from `min_interval` to `max_interval` rounds while comparisons confirm
     the choice and starts again when one does not. Ties go to plain decoding (drafting must be
-    `margin` faster); a plain choice that drafting led runs 1/`close_call_recheck` of the interval. Earlier comparisons count at `memory` times their weight per comparison since.
+    `margin` faster); a plain choice that drafting led runs 1/`close_call_recheck` of the interval.
+    Earlier comparisons count at `memory` times their weight per comparison since.
     After a plain choice the interval is at least long enough that the next comparison's catch-up
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
     Nothing is compared while the round-time model has not measured drafting (`learning`).

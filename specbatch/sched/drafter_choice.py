@@ -57,8 +57,8 @@ class DrafterAlphas(AlphaTracker):
     def uses_model(self, row: Row) -> bool:
         return self.kind(row) in self.model_kinds
 
-    def observe_drafts(self, row: Row, num_proposed: int, num_accepted: int) -> None:
-        rejected = int(num_accepted < num_proposed)
+    def observe_drafts(self, row: Row, k: int, num_accepted: int) -> None:
+        rejected = int(num_accepted < k)
         kind = self.kind(row)
         for counts in (self._job.setdefault((row.domain, kind), _Counts()),
                        self._own.setdefault((row.request_id, kind), _Counts())):

@@ -46,7 +46,7 @@ class AcceptanceStats:
     the job has measured so far per domain, shrunk towards priors while samples are few.
     """
 
-    proposed: dict[str, int] = field(default_factory=dict)
+    planned: dict[str, int] = field(default_factory=dict)  # drafts planned (k), proposed or not
     accepted: dict[str, int] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)  # speculative rounds ended by a reject
     num_finished: dict[str, int] = field(default_factory=dict)
@@ -56,10 +56,12 @@ class AcceptanceStats:
     num_completed: int = 0
     prior: float = 0.5
 
-    def observe(self, domain: str, num_proposed: int, num_accepted: int) -> None:
-        self.proposed[domain] = self.proposed.get(domain, 0) + num_proposed
+    def observe(self, domain: str, k: int, num_accepted: int) -> None:
+        """A verified round of a row planned at k: its accepted drafts, and whether a stop (a rejection,
+        or the drafter proposing fewer than k) ended the run."""
+        self.planned[domain] = self.planned.get(domain, 0) + k
         self.accepted[domain] = self.accepted.get(domain, 0) + num_accepted
-        if num_accepted < num_proposed:
+        if num_accepted < k:
             self.rejections[domain] = self.rejections.get(domain, 0) + 1
 
     def observe_finish(self, domain: str, num_output_tokens: int, max_new_tokens: int,
@@ -130,8 +132,8 @@ class AlphaTracker:
     def forget(self, row: Row) -> None:
         self._rows.pop(row.request_id, None)
 
-    def observe_drafts(self, row: Row, num_proposed: int, num_accepted: int) -> None:
-        """A verified round's drafts (the commit step): counted from `accept_history` here; a job of
+    def observe_drafts(self, row: Row, k: int, num_accepted: int) -> None:
+        """A verified round planned at k (the commit step): counted from `accept_history` here; a job of
         several drafters counts them per drafter (`sched.drafter_choice.DrafterAlphas`)."""
 
     def uses_model(self, row: Row) -> bool:
