@@ -98,7 +98,7 @@ class DraftControl:
             round_ms = record.round_ms - record.warmup_ms - draft_prefill_ms  # the fill: charge_drafting
             prefill_ms = min(self.prefill_ms, max(record.prefill_ms - draft_prefill_ms, 0.0))
             self.gate.observe(record.num_decode_rows, record.num_committed, round_ms, learning,
-                              self.full_catch_up_ms, record.num_prefill_rows, prefill_ms)
+                              self.full_catch_up_ms, record.num_prefill_rows, prefill_ms, self.drafting)
             self.gate.charge_drafting(draft_prefill_ms)
 
 
@@ -160,7 +160,8 @@ class DraftGate:
     before it in rounds (then the point estimate decides). The faster mode then runs alone for an
     *interval* that doubles from `min_interval` to `max_interval` rounds while comparisons confirm
     the choice and starts again when one does not. Ties go to plain decoding (drafting must be
-    `margin` faster); a plain choice that drafting led runs 1/`close_call_recheck` of the interval.
+    `margin` faster); a plain choice that drafting led, where the policy drafted and not as a trial,
+    runs 1/`close_call_recheck` of the interval.
     Earlier comparisons count at `memory` times their weight per comparison since.
     After a plain choice the interval is at least long enough that the next comparison's catch-up
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
@@ -207,6 +208,7 @@ class DraftGate:
     _loss_ms: float = field(default=0.0, init=False)  # drafting's losses in comparisons that ended
     _drafting: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # this comparison's (tokens, ms)
     _trial: bool = field(default=False, init=False)  # whether this comparison's drafts are a trial (`note_trial`)
+    _drafted: bool = field(default=False, init=False)  # whether this comparison's drafting rounds planned drafts
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
@@ -214,11 +216,13 @@ class DraftGate:
         self._compared = {True: 0, False: 0}
 
     def observe(self, num_rows: int, num_committed: int, round_ms: float, learning: bool = False,
-                catch_up_ms: float = 0.0, num_prefill_rows: int = 0, prefill_ms: float = 0.0) -> None:
+                catch_up_ms: float = 0.0, num_prefill_rows: int = 0, prefill_ms: float = 0.0,
+                drafted: bool = True) -> None:
         """One round's decode rows, committed tokens and time (its prefill included, its draft cache
         fill not); `learning`: drafting's cost not yet measured; `catch_up_ms`: what filling the
         batch's draft caches from empty would cost; `num_prefill_rows`: rows the round prefilled,
-        `prefill_ms` what they added to its time (left out of the comparison)."""
+        `prefill_ms` what they added to its time (left out of the comparison); `drafted`: the round
+        planned drafts for some row (a drafting block's round may plan none)."""
         self._catch_up_ms = catch_up_ms
         self._engine_ms += max(round_ms, 0.0)
         round_ms -= prefill_ms
@@ -244,6 +248,7 @@ class DraftGate:
         if self.drafts:  # its catch-up round too: drafting pays it
             self._drafting[0] += num_committed
             self._drafting[1] += round_ms
+            self._drafted = self._drafted or drafted
         if self.catches_up:
             self._skip_drafting = False
         else:
@@ -325,9 +330,11 @@ class DraftGate:
             self.interval = max(self.interval, min(self._repaying_interval(), self.max_interval))
         self.choice = self.drafts = best
         self.comparing, self._left, self._block = False, self.interval, 0
-        if not best and self.rate(True) > self.rate(False):  # drafting led, by less than the margin
+        if not best and self.rate(True) > self.rate(False) and self._drafted and not self._trial:
+            # drafting led, by less than the margin, where the policy drafted (a comparison of plain decoding
+            # with itself, or a trial of the model's word, leads by noise alone)
             self._left = max(self.interval // self.close_call_recheck,
                              min(self._repaying_interval(), self.max_interval))
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}
-        self._trial = False
+        self._trial = self._drafted = False
