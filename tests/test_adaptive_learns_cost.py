@@ -254,7 +254,6 @@ def test_after_a_plain_choice_the_next_comparison_waits_until_its_catch_up_is_re
     assert min(plain_stretches(60.0)) >= 180  # rounds of 10 ms ± 5%
 
 
-
 @pytest.mark.parametrize(("drafting_ms", "drafted", "plain_rounds"), [(9.8, True, 16), (10.2, True, 64),
                                                                      (9.8, False, 64)])
 def test_a_plain_choice_that_drafting_led_is_checked_again_sooner(drafting_ms, drafted, plain_rounds):
@@ -272,6 +271,7 @@ def test_a_plain_choice_that_drafting_led_is_checked_again_sooner(drafting_ms, d
     starts = [i for i in range(1, len(comparing)) if comparing[i] and not comparing[i - 1]]
     stretches = [start - end for end, start in zip(ends, starts, strict=False)]
     assert gate.choice is False and stretches[0] == plain_rounds
+
 
 @pytest.mark.parametrize("period", [7, 37, 300])
 def test_the_draft_gate_is_not_fooled_by_a_machine_whose_speed_drifts(period):
