@@ -326,15 +326,14 @@ class DraftGate:
         best = self.rate(True) >= self.rate(False) * (1 + self.margin)
         confirmed = best == self.choice
         self.interval = min(2 * self.interval, self.max_interval) if confirmed else self.min_interval
-        if not best:
-            self.interval = max(self.interval, min(self._repaying_interval(), self.max_interval))
+        repaying = 0 if best else min(self._repaying_interval(), self.max_interval)
+        self.interval = max(self.interval, repaying)
         self.choice = self.drafts = best
         self.comparing, self._left, self._block = False, self.interval, 0
         if not best and self.rate(True) > self.rate(False) and self._drafted and not self._trial:
             # drafting led, by less than the margin, where the policy drafted (a comparison of plain decoding
             # with itself, or a trial of the model's word, leads by noise alone)
-            self._left = max(self.interval // self.close_call_recheck,
-                             min(self._repaying_interval(), self.max_interval))
+            self._left = max(self.interval // self.close_call_recheck, repaying)
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}
         self._trial = self._drafted = False
