@@ -51,11 +51,12 @@ def random_prompts(tokenizer, n: int, seed: int = 0, max_len: int = 40) -> list[
             for _ in range(n)]
 
 
-def run_engine(config, requests, lookahead=None, models=None, prepare=None, **params):
-    """Requests r0, r1, ... through one engine; `prepare(engine)` may adjust it before they run."""
+def run_engine(config, requests, lookahead=None, models=None, prepare=None, shared_prefix_tokens=0, **params):
+    """Requests r0, r1, ... through one engine; `prepare(engine)` may adjust it before they run;
+    `shared_prefix_tokens`: the pool's room for shared prefixes, as a job's ingest counts them."""
     models = models or load_models(config)
     recorder = MemoryRecorder()
-    engine = build_hf_engine(config, models, recorder)
+    engine = build_hf_engine(config, models, recorder, shared_prefix_tokens=shared_prefix_tokens)
     if lookahead is not None:
         engine.scheduler.lookahead = lookahead
     if prepare is not None:

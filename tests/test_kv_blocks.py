@@ -33,8 +33,10 @@ def check(kv: KVBlocks, contents: dict[int, tuple[int, ...]], rows: dict[str, Ro
     for block_id, block in enumerate(kv.blocks):
         assert block.refcount == counts.get(block_id, 0)
     assert kv.num_in_use == len(counts)
-    assert not set(counts) & set(kv.cached) and not set(counts) & set(kv.free_blocks)
-    assert len(kv.free_blocks) + len(kv.cached) + kv.num_in_use == kv.num_blocks
+    cached = set(kv.cached) | set(kv.cached_shared)
+    assert not set(counts) & cached and not set(counts) & set(kv.free_blocks)
+    assert not set(kv.cached) & set(kv.cached_shared)
+    assert len(kv.free_blocks) + kv.num_cached + kv.num_in_use == kv.num_blocks
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -108,6 +110,26 @@ def test_a_registered_block_outlives_its_row_until_evicted_least_recent_first():
         kv.free(name)
     assert kv.lookup(row("c", [1] * 9)) == []  # a's two blocks and b's first were evicted
     assert len(kv.lookup(row("d", [2] * 9))) == 1 and kv.read_counters().num_evicted == 3
+
+
+def test_blocks_rows_shared_outlive_blocks_only_their_own_row_read():
+    """Rows take turns between prefixes: P's rows a1 and a2 (P now shared), then b on a prefix Q no
+    other row read. A row that needs eight cached blocks evicts both tails of P's rows and all of b's,
+    not P, though P was cached before b's blocks were: plain least-recently-used would evict P."""
+    kv = KVBlocks(num_blocks=12, block_size=BLOCK)
+    prefix_p, prefix_q = [1] * 8, [2] * 8
+    for name, tokens in (("a1", prefix_p + [3] * 8), ("a2", prefix_p + [4] * 8), ("b", prefix_q + [5] * 8),
+                         ("z", [6] * 40)):
+        r = row(name, [*tokens, 7])
+        shared = kv.lookup(r)
+        r.num_computed = kv.admit(r, len(tokens), shared)
+        kv.ensure(name, len(tokens))
+        r.num_computed = len(tokens)
+        kv.register(r)
+        if name != "z":
+            kv.free(name)
+    assert kv.read_counters().num_evicted == 8
+    assert len(kv.lookup(row("a3", [*prefix_p, 8, 9]))) == 2 and kv.lookup(row("b2", [*prefix_q, 8, 9])) == []
 
 
 def test_a_lookup_confirms_tokens_not_only_the_key():

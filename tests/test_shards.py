@@ -206,3 +206,11 @@ def test_records_sharing_a_prefix_sort_together_and_others_keep_their_length_ord
     assert keys[0] == keys[3] == tuple(first) and keys[2] == keys[4] == tuple(second)
     assert keys[1] == keys[5] == keys[6] == ()  # nothing shared: no key, grouped by length as before
     assert shared_prefix_keys([first[:40] + [1], first[:40] + [2]]) == [tuple(first[:32])] * 2  # whole blocks
+
+
+def test_shared_prefixes_count_once_as_one_tree():
+    from specbatch.data.prefix_groups import key_tree_positions
+
+    first = tuple(range(100, 164))
+    assert key_tree_positions([first, first, first[:32], (), tuple(range(64))]) == 64 + 64
+    assert key_tree_positions([]) == 0

@@ -10,6 +10,7 @@ import pytest
 from job_helpers import write_jsonl
 
 from specbatch.config import load_config
+from specbatch.data.prefix_groups import key_tree_positions, shared_prefix_keys
 from specbatch.data.shards import shard_dataset
 from specbatch.engine.build import build_hf_engine, load_models, num_slot_positions
 from specbatch.job import worker
@@ -140,3 +141,24 @@ def test_short_requests_get_short_slots_and_the_same_outputs_as_whole_context_sl
     assert _rounds(sized) == _rounds(whole)  # the same passes, shapes and KV buckets
     capacity = {row["kv_tokens_capacity"] for row in read_table(sized, "rounds").to_pylist()}
     assert capacity == {3 * num_slot_positions(config, CONTEXT, _longest_request(tiny_pair))}
+
+
+def test_a_pool_keeps_room_for_the_prefixes_its_shards_share(tmp_path, tiny_pair, monkeypatch):
+    """Ingest counts the positions of the prefixes each shard's prompts share; the worker's pool holds
+    them beside its rows' slots (rows that take turns between prefixes: `test_prefix_reuse.py`)."""
+    instructions = ["Answer in one word, and think about the question carefully before you answer it. " * 3,
+                    "Translate the text that follows into French, keeping its punctuation and names. " * 3]
+    records = [{"id": f"q{i}", "prompt": instructions[i % 2] + PROMPTS[i % 4], "max_new_tokens": 6}
+               for i in range(6)]
+    config = load_config(None, [*_overrides(tiny_pair), "scheduler.max_batch_rows=1", "io.shard_size=8"])
+    prepare(write_jsonl(tmp_path / "data.jsonl", records), tmp_path / "job", config)
+    (shard,) = load_manifest(tmp_path / "job").shards
+    tokenizer = tiny_pair[2]
+    ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in records]
+    assert shard.shared_prefix_tokens == key_tree_positions(shared_prefix_keys(ids)) > 0
+    assert worker.shared_prefix_tokens([shard, shard]) == 2 * shard.shared_prefix_tokens
+
+    _run(tmp_path / "job", config, load_models(config), monkeypatch)
+    rounds = read_table(tmp_path / "job", "rounds").to_pylist()
+    slot = num_slot_positions(config, CONTEXT, shard.max_request_tokens)
+    assert {r["kv_tokens_capacity"] for r in rounds} == {(slot + shard.shared_prefix_tokens) // 16 * 16}

@@ -12,7 +12,8 @@ Records that share nothing keep an empty key, so data without shared prefixes ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 PREFIX_BLOCK_TOKENS = 16
 MIN_SHARED_TOKENS = 32  # shorter common starts (a chat template's first tokens) are not worth grouping
@@ -40,3 +41,12 @@ def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
         if a[index] != b[index]:
             return index
     return length
+
+
+def key_tree_positions(keys: Iterable[tuple[int, ...]]) -> int:
+    """Positions that hold these prefix keys once each, as one tree (a key that starts another counts
+    once): the KV room that keeps every shared prefix cached between the rows that read it, whatever
+    order the rows run in."""
+    ordered = sorted(set(keys))
+    # in sorted order a key shares the most leading tokens with the key just before it
+    return sum(len(key) - shared_length(key, before) for before, key in pairwise([(), *ordered]))

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from specbatch.config import IOConfig, JobConfig
 from specbatch.data.ingest import DatasetSource, iter_records, resolve_dataset
-from specbatch.data.prefix_groups import shared_prefix_keys
+from specbatch.data.prefix_groups import key_tree_positions, shared_prefix_keys
 from specbatch.data.validate import LOOKALIKE_FIELDS, Request, ValidationLimits, Validator
 from specbatch.faults import crash_point
 from specbatch.storage import TMP_SUFFIX, Location, Storage, is_url, open_input, open_storage
@@ -65,6 +65,9 @@ class ShardInfo:
     num_records: int
     num_dropped: int
     max_request_tokens: int | None = None  # longest kept prompt + max_new_tokens; None: a prompt not tokenized
+    # positions of the prefixes its kept prompts share with others of their window, each once: the room a
+    # worker's KV pool keeps for them beside its rows' slots, so they stay cached between the rows that read them
+    shared_prefix_tokens: int = 0
 
 
 def max_request_tokens(requests: list[Request]) -> int | None:
@@ -121,7 +124,7 @@ def shard_dataset(
             _tokenize(window, encoder, max_prompt_tokens)
         keys = dict(zip(map(id, window), shared_prefix_keys([r.prompt_token_ids for r in window]), strict=True))
         window.sort(key=lambda request: _group_key(request, keys[id(request)]))
-        writer.write(window)
+        writer.write(window, [keys[id(request)] for request in window])
     if storage.is_local:
         os.sync()  # one flush for all shards (an fsync per shard costs ~3 ms each) before a manifest lists them
     _log_summary(source.path, writer)
@@ -205,16 +208,19 @@ class ShardWriter:
             if name.startswith("shard-") and name.endswith((".parquet", ".parquet" + TMP_SUFFIX)):
                 storage.delete(f"{SHARDS_FOLDER}/{name}")
 
-    def write(self, requests: list[Request]) -> None:
+    def write(self, requests: list[Request], prefix_keys: list[tuple[int, ...]]) -> None:
+        """Shards of `requests` in order; `prefix_keys` are theirs (`data/prefix_groups.py`)."""
         for start in range(0, len(requests), self.shard_size):
-            self._write_shard(requests[start : start + self.shard_size])
+            self._write_shard(requests[start : start + self.shard_size], prefix_keys[start : start + self.shard_size])
 
-    def _write_shard(self, requests: list[Request]) -> None:
+    def _write_shard(self, requests: list[Request], prefix_keys: list[tuple[int, ...]]) -> None:
         name = f"shard-{len(self.shards):05d}.parquet"
         self.storage.write_parquet(f"{SHARDS_FOLDER}/{name}", requests_to_table(requests), durable=False)
         reasons = [request.drop_reason for request in requests if request.drop_reason is not None]
         self.drop_counts.update(reasons)
-        self.shards.append(ShardInfo(name, len(requests), len(reasons), max_request_tokens(requests)))
+        shared = key_tree_positions(key for request, key in zip(requests, prefix_keys, strict=True)
+                                    if not request.is_dropped)
+        self.shards.append(ShardInfo(name, len(requests), len(reasons), max_request_tokens(requests), shared))
         crash_point("ingest_shard")
 
 

@@ -29,7 +29,7 @@ from specbatch.engine.paged_cache import PagedKVCache
 from specbatch.engine.slot_cache import SlotCache
 from specbatch.engine.suffix_drafter import SuffixDrafter
 from specbatch.loop import Engine, EngineLimits, Recorder, build_engine
-from specbatch.sched.factory import job_buckets
+from specbatch.sched.factory import job_buckets, shares_prefixes
 
 
 @dataclass
@@ -96,13 +96,36 @@ def kv_bytes_per_token(models: Models) -> int:
     return per_token
 
 
-def kv_capacity_tokens(config: JobConfig, models: Models, slot_len: int) -> int:
+PREFIX_ROOM_BYTES = 256 * 2**20  # prefix room a job may take unasked: small beside any host of the model
+
+
+def kv_capacity_tokens(config: JobConfig, models: Models, slot_len: int, shared_prefix_tokens: int = 0) -> int:
+    """The pool's positions: the configured capacity, else a slot per batch row and the room that keeps
+    the job's shared prefixes cached between the rows that read them (`prefix_room_tokens`)."""
     c = config.capacity
     if c.kv_tokens:
         return c.kv_tokens
     if c.kv_bytes:
         return c.kv_bytes // kv_bytes_per_token(models)
-    return config.scheduler.max_batch_rows * slot_len
+    return config.scheduler.max_batch_rows * slot_len + prefix_room_tokens(config, models, slot_len,
+                                                                           shared_prefix_tokens)
+
+
+def prefix_room_tokens(config: JobConfig, models: Models, slot_len: int, shared_prefix_tokens: int) -> int:
+    """Positions beside the rows' slots for shared prefixes no running row reads. Slots sized to the
+    job's longest request leave a pool of 1 row no room for any prefix but its own row's, so rows that
+    take turns between prefixes (A, B, A, B) computed each of them every time. The room holds the
+    prefixes the job's prompts share (ingest counts them), at most `cache.prefix_kv_bytes` of KV, else
+    at most the rows' slots, one whole context or `PREFIX_ROOM_BYTES` of KV, whichever is most."""
+    if not shares_prefixes(config) or shared_prefix_tokens <= 0:
+        return 0
+    per_token = kv_bytes_per_token(models)
+    if config.cache.prefix_kv_bytes is not None:
+        most = config.cache.prefix_kv_bytes // per_token
+    else:
+        most = max(config.scheduler.max_batch_rows * slot_len, max_context(config, models),
+                   PREFIX_ROOM_BYTES // per_token)
+    return min(shared_prefix_tokens, most)
 
 
 def grammar_eos(models: Models) -> int:
@@ -153,13 +176,14 @@ def num_slot_positions(config: JobConfig, context: int, max_request_tokens: int 
     return min(context + k_max + 1, buckets.kv_len(max_request_tokens + widest_pass))
 
 
-def hf_backend(config: JobConfig, models: Models, max_request_tokens: int | None = None
-               ) -> tuple[HFBackend, EngineLimits]:
+def hf_backend(config: JobConfig, models: Models, max_request_tokens: int | None = None,
+               shared_prefix_tokens: int = 0) -> tuple[HFBackend, EngineLimits]:
     """The backend and its limits. `max_request_tokens` sizes only the slots (`num_slot_positions`):
-    the limits keep the model's context, which the scheduler and the stop rule compare against."""
+    the limits keep the model's context, which the scheduler and the stop rule compare against;
+    `shared_prefix_tokens` adds the pool's room for shared prefixes (`prefix_room_tokens`)."""
     context = max_context(config, models)
     slot_len = num_slot_positions(config, context, max_request_tokens)
-    capacity_tokens = kv_capacity_tokens(config, models, slot_len)
+    capacity_tokens = kv_capacity_tokens(config, models, slot_len, shared_prefix_tokens)
     num_blocks, block_size = kv_num_blocks(config, capacity_tokens), config.cache.block_tokens
     graphs, num_lanes = config.models.graphs, config.scheduler.max_batch_rows
     vocab_size = models.target.get_output_embeddings().weight.shape[0]
@@ -214,9 +238,10 @@ def _warm_up(config: JobConfig, target: PagedModel, draft: PagedModel | None) ->
 
 
 def build_hf_engine(config: JobConfig, models: Models, recorder: Recorder, worker_id: int = 0,
-                    max_request_tokens: int | None = None) -> Engine:
-    """The engine of one worker on real models, its slots sized to `max_request_tokens` if known."""
-    backend, limits = hf_backend(config, models, max_request_tokens)
+                    max_request_tokens: int | None = None, shared_prefix_tokens: int = 0) -> Engine:
+    """The engine of one worker on real models, its slots sized to `max_request_tokens` if known, its
+    KV pool with room for `shared_prefix_tokens` of shared prefixes."""
+    backend, limits = hf_backend(config, models, max_request_tokens, shared_prefix_tokens)
     # the scheduler plans from the models in use, timed (or read from the cache) before any row's KV
     measured = job_cost_model(config, backend.target, getattr(backend.drafter, "draft", None))
     return build_engine(config, backend, limits, recorder, worker_id, scheduler_cost=measured)

@@ -86,6 +86,7 @@ class ShardEntry(_Model):
     num_records: int
     num_dropped: int
     max_request_tokens: int | None = None  # longest prompt + max_new_tokens; None: unknown (older manifests)
+    shared_prefix_tokens: int = 0  # positions of the prefixes its prompts share (0 in older manifests)
     status: ShardStatus = "pending"
     worker_id: int | None = None
 
@@ -108,7 +109,7 @@ class Manifest(_Model):
         """Record the shards ingest wrote; all start `pending`."""
         self.shards = [
             ShardEntry(name=shard.name, num_records=shard.num_records, num_dropped=shard.num_dropped,
-                       max_request_tokens=shard.max_request_tokens)
+                       max_request_tokens=shard.max_request_tokens, shared_prefix_tokens=shard.shared_prefix_tokens)
             for shard in shards
         ]
         self.dataset.num_records = sum(entry.num_records for entry in self.shards)

@@ -79,6 +79,12 @@ def max_request_tokens(shards: list[ShardEntry]) -> int | None:
     return max(needs, default=0) if len(needs) == len(shards) else None
 
 
+def shared_prefix_tokens(shards: list[ShardEntry]) -> int:
+    """Positions of the prefixes these shards' prompts share, each shard's once: the room the worker's
+    KV pool keeps for them (a prefix two shards share counts twice, which only adds room)."""
+    return sum(shard.shared_prefix_tokens for shard in shards)
+
+
 def to_row(request: Request) -> Row:
     """A shard row as engine state; a dropped row keeps zeroed limits (it never runs)."""
     params = SamplingParams(
@@ -126,7 +132,8 @@ def run_worker(
         models = models or load_models(config)
         writer = PartWriter(job_dir, worker_id, run_id, config.io.part_every_requests, config.io.part_every_s,
                             before_commit=lambda: _check_commit(job_dir, run_id, lease_lost, worker_id))
-        engine = build_hf_engine(config, models, writer, worker_id, max_request_tokens(shards))
+        engine = build_hf_engine(config, models, writer, worker_id, max_request_tokens(shards),
+                                 shared_prefix_tokens(shards))
         progress = WorkerProgress()
         _mark_shards(job_dir, names, "running", worker_id)
         feed = pending_requests(job_dir, names, done)

@@ -33,6 +33,7 @@ from transformers.utils import logging as hf_logging
 from specbatch.config import ConfigError, JobConfig, LookaheadSpec, load_config
 from specbatch.core import Row
 from specbatch.data.ingest import DatasetError
+from specbatch.data.prefix_groups import key_tree_positions, shared_prefix_keys
 from specbatch.engine.build import Models, build_hf_engine, eos_token_ids, load_models
 from specbatch.engine.eagle import load_head
 from specbatch.engine.gemm_peak import GemmPeak, gemm_peak, mfu
@@ -169,8 +170,9 @@ def run_engine(config: JobConfig, models: Models, prompts: list[BenchPrompt],
     swung a short batch-128 row by 2×."""
     started = clock()
     recorder = MemoryRecorder()
-    need = max(prompt.num_positions for prompt in prompts)  # slots sized as a job's
-    engine = build_hf_engine(config, models, recorder, max_request_tokens=need)
+    need = max(prompt.num_positions for prompt in prompts)  # slots and prefix room sized as a job's
+    shared = key_tree_positions(shared_prefix_keys([prompt.prompt_ids for prompt in prompts]))
+    engine = build_hf_engine(config, models, recorder, max_request_tokens=need, shared_prefix_tokens=shared)
     engine.clock = clock
     if prepare is not None:
         prepare(engine)

@@ -151,5 +151,9 @@ def make_kv_blocks(config: JobConfig, kv_capacity_tokens: int, kv_bytes_per_toke
     max_cached = None
     if c.prefix_kv_bytes is not None:
         max_cached = c.prefix_kv_bytes // max(kv_bytes_per_token * c.block_tokens, 1)
-    share = c.prefix and "eagle" not in config.drafter.kind
-    return KVBlocks(max(1, kv_capacity_tokens // c.block_tokens), c.block_tokens, share, max_cached)
+    return KVBlocks(max(1, kv_capacity_tokens // c.block_tokens), c.block_tokens, shares_prefixes(config), max_cached)
+
+
+def shares_prefixes(config: JobConfig) -> bool:
+    """Whether rows share KV blocks of a common prefix: `cache.prefix`, and no EAGLE head (below)."""
+    return config.cache.prefix and "eagle" not in config.drafter.kind

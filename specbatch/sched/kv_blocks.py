@@ -7,7 +7,9 @@ the same blocks instead of computing them: one copy of a shared prefix, however 
 A lookup confirms the tokens and the parent key, so a colliding key never matches.
 
 A block nobody references but that holds a registered prefix stays cached until its memory is
-needed, least recently used first (`max_cached_blocks` bounds them; `cache.prefix_kv_bytes`).
+needed (`max_cached_blocks` bounds them; `cache.prefix_kv_bytes`): first the blocks no second row has
+read (a row's own prompt tail and output), least recently used first, then those that rows shared. So a
+prefix that rows take turns with (A, B, A, B at one row) outlives the tails of the rows between.
 Only full blocks below a row's pending token are shared, and shared blocks are never written:
 a row writes only positions at or past its own `num_computed`, which lie in blocks it allocated
 itself, so no block needs copying on write.
@@ -31,6 +33,7 @@ class _Block:
     parent_key: int | None = None
     tokens: tuple[int, ...] = ()
     has_draft: bool = False  # the draft model's KV of these positions is computed too
+    was_shared: bool = False  # a second row read it since it was registered (shared, or taken from the cache)
 
 
 @dataclass
@@ -58,7 +61,9 @@ class KVBlocks:
         self.share_prefixes, self.max_cached_blocks = share_prefixes, max_cached_blocks
         self.blocks = [_Block() for _ in range(num_blocks)]
         self.free_blocks: deque[int] = deque(range(num_blocks))  # hold nothing reusable
-        self.cached: OrderedDict[int, None] = OrderedDict()  # unreferenced registered blocks, oldest first
+        # unreferenced registered blocks, oldest first: those no second row read, then those rows shared
+        self.cached: OrderedDict[int, None] = OrderedDict()
+        self.cached_shared: OrderedDict[int, None] = OrderedDict()
         self.by_key: dict[int, int] = {}  # chained key -> its registered block
         self.holdings: dict[str, _Holding] = {}
         self.counters = BlockCounters()
@@ -90,7 +95,7 @@ class KVBlocks:
 
     @property
     def num_cached(self) -> int:
-        return len(self.cached)
+        return len(self.cached) + len(self.cached_shared)
 
     def table(self, request_id: str) -> list[int]:
         return self.holdings[request_id].table
@@ -238,7 +243,7 @@ class KVBlocks:
         """What the blocks hold now, and evictions since the last call (one ledger row's worth)."""
         counters = self.read_counters()
         referenced = sum(len(holding.table) for holding in self.holdings.values())
-        return KVUse(self.num_in_use, self.num_shared, len(self.cached), counters.num_evicted, referenced)
+        return KVUse(self.num_in_use, self.num_shared, self.num_cached, counters.num_evicted, referenced)
 
     def read_counters(self) -> BlockCounters:
         counters, self.counters = self.counters, BlockCounters()
@@ -268,10 +273,14 @@ class KVBlocks:
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.refcount == 0:
+            revived = block_id in self.cached or block_id in self.cached_shared  # a later row reads it
             self.cached.pop(block_id, None)
+            self.cached_shared.pop(block_id, None)
+            block.was_shared |= revived
             self.num_in_use += 1
-        elif block.refcount == 1:
-            self.num_shared += 1
+        else:
+            block.was_shared = True
+            self.num_shared += block.refcount == 1
         block.refcount += 1
 
     def _release(self, block_id: int) -> None:
@@ -284,7 +293,7 @@ class KVBlocks:
             return
         self.num_in_use -= 1
         if block.key is not None and self.by_key.get(block.key) == block_id:
-            self.cached[block_id] = None  # most recently used last
+            (self.cached_shared if block.was_shared else self.cached)[block_id] = None  # most recently used last
         else:
             self._forget(block)
             self.free_blocks.append(block_id)
@@ -292,10 +301,8 @@ class KVBlocks:
     def _allocate(self) -> int:
         if self.free_blocks:
             block_id = self.free_blocks.popleft()
-        elif self.cached:
-            block_id, _ = self.cached.popitem(last=False)
-            self._forget(self.blocks[block_id])
-            self.counters.num_evicted += 1
+        elif self.num_cached:
+            block_id = self._evict()
         else:
             raise RuntimeError("KV blocks exhausted: admission let a row past the pool")
         self._take(block_id)
@@ -305,11 +312,15 @@ class KVBlocks:
         if block.key is not None and self.by_key.get(block.key) is not None and \
                 self.blocks[self.by_key[block.key]] is block:
             del self.by_key[block.key]
-        block.key, block.parent_key, block.tokens, block.has_draft = None, None, (), False
+        block.key, block.parent_key, block.tokens, block.has_draft, block.was_shared = None, None, (), False, False
+
+    def _evict(self) -> int:
+        """Forget the cached block to drop first (see the module doc) and return it."""
+        block_id, _ = (self.cached if self.cached else self.cached_shared).popitem(last=False)
+        self._forget(self.blocks[block_id])
+        self.counters.num_evicted += 1
+        return block_id
 
     def _trim_cache(self) -> None:
-        while self.max_cached_blocks is not None and len(self.cached) > self.max_cached_blocks:
-            block_id, _ = self.cached.popitem(last=False)
-            self._forget(self.blocks[block_id])
-            self.free_blocks.append(block_id)
-            self.counters.num_evicted += 1
+        while self.max_cached_blocks is not None and self.num_cached > self.max_cached_blocks:
+            self.free_blocks.append(self._evict())
