@@ -227,7 +227,8 @@ class CacheConfig(_Section):
     # positions per KV block: 16 measured best for shared-prefix jobs and no slower on others (docs/DESIGN.md)
     block_tokens: int = Field(default=16, ge=1, validation_alias=AliasChoices("block_tokens", "prefix_block_tokens"))
     # what blocks no running row references may keep cached for later rows, in target + draft KV bytes
-    # (None: any block not needed for a running row)
+    # (None: any block not needed for a running row); it also bounds the room the pool adds for the job's
+    # shared prefixes (engine/build.py: prefix_room_tokens)
     prefix_kv_bytes: int | None = Field(default=None, ge=0)
 
 
