@@ -121,6 +121,7 @@ class BenchResult:
     # (rounds' limit_speedup, sql/speculation_limit.sql)
     limit_speedup: float | None = None
     realised_of_limit: float | None = None
+    prefill_time_share: float | None = None  # of round time, prefill's: what no drafter shortens (job limit)
     tokens_per_pass: float | None = None
     tokens_per_pass_theory: float | None = None
     exact_match: float
@@ -284,6 +285,8 @@ def summarize_engine(name: str, rows: list[Row], recorder: MemoryRecorder, refs:
     result.warmup_s, result.alpha = warmup_s, alpha
     result.limit_speedup, result.realised_of_limit = speculation_limit(recorder.rounds)
     result.prefilled_share = work.num_prefill_tokens / max(sum(row.num_prompt_tokens for row in rows), 1)
+    result.prefill_time_share = (sum(r.prefill_ms for r in recorder.rounds)
+                                 / max(sum(r.round_ms - r.warmup_ms for r in recorder.rounds), 1e-9))
     if any(r.mask_ms > 0 for r in recorder.rounds):  # as sql/structured_output.sql's overhead_share
         result.mask_overhead_share = (sum(r.mask_wait_ms for r in recorder.rounds)
                                       / max(sum(r.round_ms for r in recorder.rounds), 1e-9))
