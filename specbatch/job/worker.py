@@ -80,9 +80,9 @@ def max_request_tokens(shards: list[ShardEntry]) -> int | None:
 
 
 def shared_prefix_tokens(shards: list[ShardEntry]) -> int:
-    """Positions of the prefixes these shards' prompts share, each shard's once: the room the worker's
-    KV pool keeps for them (a prefix two shards share counts twice, which only adds room)."""
-    return sum(shard.shared_prefix_tokens for shard in shards)
+    """The room the worker's KV pool keeps for shared prefixes: the most any one of its shards' prompts
+    share, since its rows run shard after shard (a feed a few rows ahead of the batch)."""
+    return max((shard.shared_prefix_tokens for shard in shards), default=0)
 
 
 def to_row(request: Request) -> Row:

@@ -155,5 +155,5 @@ def make_kv_blocks(config: JobConfig, kv_capacity_tokens: int, kv_bytes_per_toke
 
 
 def shares_prefixes(config: JobConfig) -> bool:
-    """Whether rows share KV blocks of a common prefix: `cache.prefix`, and no EAGLE head (below)."""
+    """Whether rows share KV blocks of a common prefix: `cache.prefix`, and no EAGLE head (`make_kv_blocks`)."""
     return config.cache.prefix and "eagle" not in config.drafter.kind
