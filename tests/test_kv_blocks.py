@@ -121,8 +121,7 @@ def test_blocks_rows_shared_outlive_blocks_only_their_own_row_read():
     for name, tokens in (("a1", prefix_p + [3] * 8), ("a2", prefix_p + [4] * 8), ("b", prefix_q + [5] * 8),
                          ("z", [6] * 40)):
         r = row(name, [*tokens, 7])
-        shared = kv.lookup(r)
-        r.num_computed = kv.admit(r, len(tokens), shared)
+        kv.admit(r, len(tokens), kv.lookup(r))
         kv.ensure(name, len(tokens))
         r.num_computed = len(tokens)
         kv.register(r)
