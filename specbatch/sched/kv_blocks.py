@@ -273,10 +273,10 @@ class KVBlocks:
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.refcount == 0:
-            revived = block_id in self.cached or block_id in self.cached_shared  # a later row reads it
-            self.cached.pop(block_id, None)
-            self.cached_shared.pop(block_id, None)
-            block.was_shared |= revived
+            tier = self._tier(block)
+            if block_id in tier:  # a later row reads a cached block
+                del tier[block_id]
+                block.was_shared = True
             self.num_in_use += 1
         else:
             block.was_shared = True
@@ -293,7 +293,7 @@ class KVBlocks:
             return
         self.num_in_use -= 1
         if block.key is not None and self.by_key.get(block.key) == block_id:
-            (self.cached_shared if block.was_shared else self.cached)[block_id] = None  # most recently used last
+            self._tier(block)[block_id] = None  # most recently used last
         else:
             self._forget(block)
             self.free_blocks.append(block_id)
@@ -313,6 +313,10 @@ class KVBlocks:
                 self.blocks[self.by_key[block.key]] is block:
             del self.by_key[block.key]
         block.key, block.parent_key, block.tokens, block.has_draft, block.was_shared = None, None, (), False, False
+
+    def _tier(self, block: _Block) -> OrderedDict[int, None]:
+        """The cache an unreferenced registered block waits in (see the module doc)."""
+        return self.cached_shared if block.was_shared else self.cached
 
     def _evict(self) -> int:
         """Forget the cached block to drop first (see the module doc) and return it."""
