@@ -31,10 +31,9 @@
 #include <string.h>
 
 #define WIDTH 16
-/* keys scored, and value dimensions accumulated, at once in `wide`: independent sums in registers,
- * enough to cover the multiply-add's latency */
-#define KEY_STEP 8
-#define VALUE_STEP 8
+/* value dimensions accumulated at once in `wide`: independent sums in registers, enough to cover
+ * the multiply-add's latency, each position's weights loaded once for all of them */
+#define VALUE_STEP 16
 
 typedef float f32xW __attribute__((vector_size(WIDTH * sizeof(float))));
 typedef double f64xW __attribute__((vector_size(WIDTH * sizeof(double))));
@@ -73,7 +72,7 @@ static inline f64xW exp_f64(f64xW x) {
     return x;
 }
 
-#define PARTIAL(c) partial[j][c]
+#define PARTIAL(c) partial[c]
 
 /* TREE on each of 16 vectors at once, as a vector's halves are added down to one element: element i
  * of the result is the sum of s[i]'s elements in TREE's order (each level adds element c to element
@@ -167,22 +166,13 @@ static void NAME##_wide(NAME##_chunk *w) {                                      
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
         PREFETCH(w, w->k_pool, first + 2 * w->block_size, head_dim) /* asked twice: once was 1-8% slower */ \
         PREFETCH(w, w->v_pool, first, value_dim)                                                         \
-        for (int64_t i = 0; i < count; i += KEY_STEP) {                                                  \
-            int64_t keys = count - i < KEY_STEP ? count - i : KEY_STEP;                                  \
+        for (int64_t i = 0; i < count; i++) { /* a key's WIDTH partial sums, in registers */             \
             const QT *key = w->block + i * head_dim;                                                     \
-            VT partial[KEY_STEP][WIDTH];                                                                 \
-            for (int64_t c = 0; c < WIDTH; c++) {                                                        \
-                VT s[KEY_STEP];                                                                          \
-                for (int64_t j = 0; j < KEY_STEP; j++) s[j] = qt[0] * 0;                                 \
-                for (int64_t m = c; m < head_dim; m += WIDTH) {                                          \
-                    if (keys == KEY_STEP)                                                                \
-                        for (int64_t j = 0; j < KEY_STEP; j++) s[j] += qt[m] * key[j * head_dim + m];    \
-                    else                                                                                 \
-                        for (int64_t j = 0; j < keys; j++) s[j] += qt[m] * key[j * head_dim + m];        \
-                }                                                                                        \
-                for (int64_t j = 0; j < KEY_STEP; j++) partial[j][c] = s[j];                             \
-            }                                                                                            \
-            for (int64_t j = 0; j < keys; j++) w->scores[first + i + j] = TREE(PARTIAL) * w->scale;      \
+            VT partial[WIDTH];                                                                           \
+            for (int64_t c = 0; c < WIDTH; c++) partial[c] = qt[0] * 0;                                  \
+            for (int64_t m = 0; m < head_dim; m += WIDTH)                                                \
+                for (int64_t c = 0; c < WIDTH; c++) partial[c] += qt[m + c] * key[m + c];                \
+            w->scores[first + i] = TREE(PARTIAL) * w->scale;                                             \
         }                                                                                                \
     }                                                                                                    \
     VT total = NAME##_softmax(w);                                                                        \
