@@ -213,7 +213,7 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Pass
     if softcap is None and paged_kernel.supports(q, key, value):
         tables, rows = layout.kernel_inputs()
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        return paged_kernel.attend(q, key, value, tables, rows, layout.block_size, scale).to(q.dtype)
+        return paged_kernel.attend(q, key, value, tables, rows, layout.block_size, scale)
     out = None
     for group in layout.groups:
         if group.token_index is None:  # the group is the whole pass, its tokens row-major

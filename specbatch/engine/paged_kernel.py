@@ -32,13 +32,14 @@ SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
 # compile flags only, never linked (`c_library`)
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC"]
 _INT64 = ctypes.c_int64
-_ARGS = ([ctypes.c_void_p] * 5 + [_INT64] + [ctypes.c_void_p] * 3 + [_INT64] * 7
+_ARGS = ([ctypes.c_void_p] * 5 + [_INT64] * 2 + [ctypes.c_void_p] * 3 + [_INT64] * 7
          + [ctypes.c_double, _INT64, ctypes.c_int])
 WIDTH = 16  # the kernel's vectors (float32 lanes); head and value sizes must be multiples of it
-# by the pools' dtype; bfloat16 pools are read into float32 arithmetic (queries and outputs float32)
+# by the pools' dtype, the queries' and outputs' too; bfloat16 is read into float32 arithmetic and
+# its outputs rounded once, in the kernel (a conversion each way around every layer's call cost a
+# bfloat16 decode pass of SmolLM2 at 8 rows ~0.6 ms of ~18)
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
-_ARITHMETIC = {torch.bfloat16: torch.float32}
 # lanes a row may bring to be laid across dimensions: past them the work goes across lanes, whose cost
 # is flat up to WIDTH (`benchmarks/paged_attention_lanes.py`, SmolLM2's heads, 32 rows after 256
 # positions, a layer, bfloat16, ms at 3 / 6 / 15 lanes: across dimensions 0.50 / 0.87 / -, across
@@ -53,25 +54,27 @@ def load() -> ctypes.CDLL | None:
 
 
 def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor) -> bool:
-    """Whether the kernel serves these tensors (CPU, a dtype it reads, head and value sizes in whole
+    """Whether the kernel serves these tensors (CPU, one dtype it reads, head and value sizes in whole
     vectors)."""
-    return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS and key_pool.dtype == value_pool.dtype
-            and query.shape[-1] % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0
-            and load() is not None)
+    return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS
+            and query.dtype == key_pool.dtype == value_pool.dtype
+            and query.shape[-1] % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0 and load() is not None)
 
 
 def attend(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, tables: torch.Tensor,
            rows: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
-    """q: [tokens, heads, dim], each row's tokens together; pools [kv_heads, positions, dim]; tables
-    [rows, blocks]; rows: [3, rows] each row's first token, token count and first position.
-    Returns [tokens, heads, value_dim], in float32 over bfloat16 pools."""
+    """q: [tokens, heads, dim], each row's tokens together, any stride between tokens (a view into a
+    fused QKV output is read in place); pools [kv_heads, positions, dim]; tables [rows, blocks]; rows:
+    [3, rows] each row's first token, token count and first position. Returns [tokens, heads,
+    value_dim] in the pools' dtype."""
     library = load()
     assert library is not None
-    q = q.to(_ARITHMETIC.get(key_pool.dtype, key_pool.dtype)).contiguous()
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
     out = q.new_empty(q.shape[0], q.shape[1], value_pool.shape[-1])
     getattr(library, _FUNCTIONS[key_pool.dtype])(
         q.data_ptr(), key_pool.data_ptr(), value_pool.data_ptr(), out.data_ptr(), tables.data_ptr(),
-        tables.shape[1], rows[0].data_ptr(), rows[1].data_ptr(), rows[2].data_ptr(), rows.shape[1], q.shape[1],
-        key_pool.shape[0], q.shape[2], value_pool.shape[-1], key_pool.shape[1], block_size, scale, FEW_LANES,
-        torch.get_num_threads())
+        tables.shape[1], q.stride(0), rows[0].data_ptr(), rows[1].data_ptr(), rows[2].data_ptr(), rows.shape[1],
+        q.shape[1], key_pool.shape[0], q.shape[2], value_pool.shape[-1], key_pool.shape[1], block_size, scale,
+        FEW_LANES, torch.get_num_threads())
     return out

@@ -2,12 +2,13 @@
  * its blocks through its block table once per KV head, for all its query positions and all the
  * query heads sharing that KV head, so no row's KV is copied first.
  *
- * Layouts (contiguous): q [tokens, heads, dim], out [tokens, heads, value_dim] and the pools
- * [kv_heads, positions, dim]; q, out and the pools all float32 or all float64, or q and out float32
- * over bfloat16 pools (read as raw 16-bit words, widened to float32 exactly); tables [rows,
- * table_stride] block ids. Row r's tokens are row_first[r] .. + row_tokens[r] - 1, at positions
- * row_start[r] ..; token i of the row sees positions 0 .. row_start[r] + i (causal). head_dim and
- * value_dim are multiples of WIDTH.
+ * Layouts: q [tokens, heads, dim], its tokens q_stride elements apart (a view into a fused QKV
+ * output), each token's heads contiguous; out [tokens, heads, value_dim] and the pools [kv_heads,
+ * positions, dim] contiguous; q, out and the pools all of one dtype, float32, float64 or bfloat16
+ * (raw 16-bit words, widened to float32 exactly, the outputs rounded to nearest as torch rounds: no
+ * conversions around the call); tables [rows, table_stride] block ids. Row r's tokens are
+ * row_first[r] .. + row_tokens[r] - 1, at positions row_start[r] ..; token i of the row sees
+ * positions 0 .. row_start[r] + i (causal). head_dim and value_dim are multiples of WIDTH.
  *
  * A lane is one query position x one query head. Two ways to lay the work on vectors of WIDTH:
  * - across dimensions (`few`), for rows of few lanes (plain decoding: 1 position x the query heads
@@ -29,6 +30,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bfloat16.h"
 
 #define WIDTH 16
 /* value dimensions accumulated at once in `wide`: independent sums in registers, enough to cover
@@ -113,15 +116,15 @@ static const int BIT_REVERSED[WIDTH] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 
             __builtin_prefetch(from_ + byte_, 0, 1);                                                     \
     }
 
-#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, EXP, LOWEST)                                              \
+#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, STORE, EXP, LOWEST)                                              \
 typedef struct {                                                                                         \
-    const QT *q;                                                                                         \
-    QT *out;                                                                                             \
+    const KT *q;                                                                                         \
+    KT *out;                                                                                             \
     const KT *k_pool, *v_pool; /* this KV head's */                                                      \
     const int64_t *table;                                                                                \
     int64_t start, end, lanes, head_dim, value_dim, block_size;                                          \
     QT scale;                                                                                            \
-    int64_t at[WIDTH]; /* each lane's (token, head) row in q and out */                                  \
+    int64_t q_at[WIDTH], at[WIDTH]; /* each lane's (token, head) in q, its row in out */                 \
     IT seen;           /* a lane sees positions 0 .. seen - 1; padding lanes none */                      \
     VT *scores;        /* scores, then weights: `wide` [end] vectors of lanes, `few` per lane */         \
     VT *qt, *acc;      /* [head_dim], [value_dim] vectors of scratch */                                  \
@@ -160,7 +163,7 @@ static void NAME##_wide(NAME##_chunk *w) {                                      
     VT *qt = w->qt, *acc = w->acc;                                                                       \
     memset(qt, 0, sizeof(VT) * head_dim);                                                                \
     for (int64_t l = 0; l < w->lanes; l++)                                                               \
-        for (int64_t d = 0; d < head_dim; d++) qt[d][l] = w->q[w->at[l] * head_dim + d];                 \
+        for (int64_t d = 0; d < head_dim; d++) qt[d][l] = LOAD(w->q[w->q_at[l] + d]);                    \
     for (int64_t first = 0; first < w->end; first += w->block_size) {                                    \
         int64_t count = NAME##_widen(w, w->k_pool, first, head_dim);                                     \
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
@@ -190,7 +193,7 @@ static void NAME##_wide(NAME##_chunk *w) {                                      
     }                                                                                                    \
     for (int64_t d = 0; d < value_dim; d++) acc[d] /= total;                                             \
     for (int64_t l = 0; l < w->lanes; l++)                                                               \
-        for (int64_t d = 0; d < value_dim; d++) w->out[w->at[l] * value_dim + d] = acc[d][l];            \
+        for (int64_t d = 0; d < value_dim; d++) w->out[w->at[l] * value_dim + d] = STORE(acc[d][l]);     \
 }                                                                                                        \
                                                                                                          \
 /* across dimensions: vector element c is dimension c (mod WIDTH) of one lane; each lane's scores     \
@@ -200,7 +203,8 @@ static void NAME##_few(NAME##_chunk *w) {                                       
     int64_t chunks = head_dim / WIDTH, value_chunks = value_dim / WIDTH, stride = (end + WIDTH - 1) / WIDTH; \
     VT *qv = w->qt, *acc = w->acc; /* [lanes, chunks], [lanes, value_chunks] */                           \
     QT *scores = (QT *)w->scores;                                                                        \
-    for (int64_t l = 0; l < w->lanes; l++) memcpy(qv + l * chunks, w->q + w->at[l] * head_dim, sizeof(VT) * chunks); \
+    for (int64_t l = 0; l < w->lanes; l++)                                                               \
+        for (int64_t d = 0; d < head_dim; d++) ((QT *)(qv + l * chunks))[d] = LOAD(w->q[w->q_at[l] + d]); \
     for (int64_t first = 0; first < end; first += w->block_size) {                                       \
         int64_t count = NAME##_widen(w, w->k_pool, first, head_dim);                                     \
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
@@ -267,11 +271,11 @@ static void NAME##_few(NAME##_chunk *w) {                                       
     }                                                                                                    \
     for (int64_t l = 0; l < w->lanes; l++)                                                               \
         for (int64_t d = 0; d < value_dim; d++)                                                          \
-            w->out[w->at[l] * value_dim + d] = acc[l * value_chunks + d / WIDTH][d % WIDTH] / total[l];  \
+            w->out[w->at[l] * value_dim + d] = STORE(acc[l * value_chunks + d / WIDTH][d % WIDTH] / total[l]); \
 }                                                                                                        \
                                                                                                          \
-void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_t *tables,              \
-          int64_t table_stride, const int64_t *row_first, const int64_t *row_tokens,                      \
+void NAME(const KT *q, const KT *k_pool, const KT *v_pool, KT *out, const int64_t *tables,              \
+          int64_t table_stride, int64_t q_stride, const int64_t *row_first, const int64_t *row_tokens,   \
           const int64_t *row_start, int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,            \
           int64_t head_dim, int64_t value_dim, int64_t pool_positions, int64_t block_size, double scale,  \
           int64_t few_lanes, int num_threads) {                                                          \
@@ -304,6 +308,7 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
                                   .block = (QT *)(work + vectors)};                                      \
                 for (int64_t l = 0; l < w.lanes; l++) {                                                  \
                     int64_t lane = lane0 + l;                                                            \
+                    w.q_at[l] = (row_first[r] + lane / group) * q_stride + (kh * group + lane % group) * head_dim; \
                     w.at[l] = (row_first[r] + lane / group) * num_heads + kh * group + lane % group;     \
                     w.seen[l] = row_start[r] + lane / group + 1;                                         \
                 }                                                                                        \
@@ -319,12 +324,6 @@ void NAME(const QT *q, const KT *k_pool, const KT *v_pool, QT *out, const int64_
 
 #define AS_IS(x) (x)
 
-/* bfloat16 is float32's upper half: widening is a shift, exact */
-static inline float bf16_to_float(uint16_t bits) {
-    union { uint32_t word; float value; } widened = {.word = (uint32_t)bits << 16};
-    return widened.value;
-}
-
-DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, exp_f32, -FLT_MAX)
-DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, exp_f64, -DBL_MAX)
-DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, bf16_to_float, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, AS_IS, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, AS_IS, exp_f64, -DBL_MAX)
+DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, widen, narrow, exp_f32, -FLT_MAX)
