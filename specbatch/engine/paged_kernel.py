@@ -35,9 +35,10 @@ _INT64 = ctypes.c_int64
 _ARGS = ([ctypes.c_void_p] * 5 + [_INT64] * 2 + [ctypes.c_void_p] * 3 + [_INT64] * 7
          + [ctypes.c_double, _INT64, ctypes.c_int])
 WIDTH = 16  # the kernel's vectors (float32 lanes); head and value sizes must be multiples of it
-# by the pools' dtype, the queries' and outputs' too; bfloat16 is read into float32 arithmetic and
-# its outputs rounded once, in the kernel (a conversion each way around every layer's call cost a
-# bfloat16 decode pass of SmolLM2 at 8 rows ~0.6 ms of ~18)
+# by the pools' dtype, the queries' and outputs' too; bfloat16 sums in float32 (keys scored in pairs
+# of dimensions by the CPU's bfloat16 dot product where heads are whole vectors of pairs, values
+# widened) and its outputs are rounded once, in the kernel (a conversion each way around every
+# layer's call cost a bfloat16 decode pass of SmolLM2 at 8 rows ~0.6 ms of ~18)
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
 # lanes a row may bring to be laid across dimensions: past them the work goes across lanes, whose cost

@@ -32,6 +32,9 @@
 #include <string.h>
 
 #include "bfloat16.h"
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #define WIDTH 16
 /* value dimensions accumulated at once in `wide`: independent sums in registers, enough to cover
@@ -77,6 +80,22 @@ static inline f64xW exp_f64(f64xW x) {
 
 #define PARTIAL(c) partial[c]
 
+/* bfloat16 keys scored in pairs of dimensions: each float32 element adds the products of a pair of
+ * bfloat16s (the odd one's, then the even one's; both exact in float32), by the CPU's dot-product
+ * instruction where it has one, else as written here. Half the multiply-adds of widening the keys
+ * to float32 first, and no widening; both layouts score this way, so a token's scores keep their
+ * bits in any row (the float32 sum orders differ from the widened ones', as another kernel's would). */
+typedef uint32_t u32xW __attribute__((vector_size(WIDTH * sizeof(uint32_t))));
+typedef uint32_t u32xW_unaligned __attribute__((vector_size(WIDTH * sizeof(uint32_t)), aligned(2), may_alias));
+static inline f32xW dot_pairs(f32xW sum, u32xW a, u32xW b) {
+#if defined(__AVX512BF16__)
+    return (f32xW)_mm512_dpbf16_ps((__m512)sum, (__m512bh)a, (__m512bh)b);
+#else
+    sum += (f32xW)(a & 0xffff0000u) * (f32xW)(b & 0xffff0000u);
+    return sum + (f32xW)(a << 16) * (f32xW)(b << 16);
+#endif
+}
+
 /* TREE on each of 16 vectors at once, as a vector's halves are added down to one element: element i
  * of the result is the sum of s[i]'s elements in TREE's order (each level adds element c to element
  * c + 8, 4, 2, 1), but two vectors' halves share one addition at each level: 15 additions and 30
@@ -116,7 +135,7 @@ static const int BIT_REVERSED[WIDTH] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 
             __builtin_prefetch(from_ + byte_, 0, 1);                                                     \
     }
 
-#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, STORE, EXP, LOWEST)                                              \
+#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, STORE, PAIRED, EXP, LOWEST)                            \
 typedef struct {                                                                                         \
     const KT *q;                                                                                         \
     KT *out;                                                                                             \
@@ -161,21 +180,39 @@ static VT NAME##_softmax(const NAME##_chunk *w) {                               
 static void NAME##_wide(NAME##_chunk *w) {                                                               \
     int64_t head_dim = w->head_dim, value_dim = w->value_dim;                                            \
     VT *qt = w->qt, *acc = w->acc;                                                                       \
+    int paired = PAIRED && head_dim % (2 * WIDTH) == 0;                                                  \
+    u32xW *pairs = (u32xW *)w->qt; /* paired: [head_dim / 2] vectors of lanes' pairs of dimensions */   \
     memset(qt, 0, sizeof(VT) * head_dim);                                                                \
     for (int64_t l = 0; l < w->lanes; l++)                                                               \
-        for (int64_t d = 0; d < head_dim; d++) qt[d][l] = LOAD(w->q[w->q_at[l] + d]);                    \
+        for (int64_t d = 0; d < head_dim; d++)                                                           \
+            if (paired)                                                                                  \
+                pairs[d / 2][l] |= (uint32_t)((const uint16_t *)w->q)[w->q_at[l] + d] << (d % 2 * 16);  \
+            else                                                                                         \
+                qt[d][l] = LOAD(w->q[w->q_at[l] + d]);                                                   \
     for (int64_t first = 0; first < w->end; first += w->block_size) {                                    \
-        int64_t count = NAME##_widen(w, w->k_pool, first, head_dim);                                     \
+        int64_t count = w->end - first < w->block_size ? w->end - first : w->block_size;                 \
+        const KT *keys = w->k_pool + w->table[first / w->block_size] * w->block_size * head_dim;         \
+        if (!paired) NAME##_widen(w, w->k_pool, first, head_dim);                                        \
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
         PREFETCH(w, w->k_pool, first + 2 * w->block_size, head_dim) /* asked twice: once was 1-8% slower */ \
         PREFETCH(w, w->v_pool, first, value_dim)                                                         \
         for (int64_t i = 0; i < count; i++) { /* a key's WIDTH partial sums, in registers */             \
-            const QT *key = w->block + i * head_dim;                                                     \
-            VT partial[WIDTH];                                                                           \
-            for (int64_t c = 0; c < WIDTH; c++) partial[c] = qt[0] * 0;                                  \
-            for (int64_t m = 0; m < head_dim; m += WIDTH)                                                \
-                for (int64_t c = 0; c < WIDTH; c++) partial[c] += qt[m + c] * key[m + c];                \
-            w->scores[first + i] = TREE(PARTIAL) * w->scale;                                             \
+            if (paired) {                                                                                \
+                const uint32_t *key = (const uint32_t *)(keys + i * head_dim);                           \
+                f32xW partial[WIDTH];                                                                    \
+                for (int64_t c = 0; c < WIDTH; c++) partial[c] = (f32xW){0};                             \
+                for (int64_t m = 0; m < head_dim / 2; m += WIDTH)                                        \
+                    for (int64_t c = 0; c < WIDTH; c++)                                                  \
+                        partial[c] = dot_pairs(partial[c], pairs[m + c], (u32xW){0} + key[m + c]);       \
+                w->scores[first + i] = __builtin_convertvector(TREE(PARTIAL) * (float)w->scale, VT);     \
+            } else {                                                                                     \
+                const QT *key = w->block + i * head_dim;                                                 \
+                VT partial[WIDTH];                                                                       \
+                for (int64_t c = 0; c < WIDTH; c++) partial[c] = qt[0] * 0;                              \
+                for (int64_t m = 0; m < head_dim; m += WIDTH)                                            \
+                    for (int64_t c = 0; c < WIDTH; c++) partial[c] += qt[m + c] * key[m + c];            \
+                w->scores[first + i] = TREE(PARTIAL) * w->scale;                                         \
+            }                                                                                            \
         }                                                                                                \
     }                                                                                                    \
     VT total = NAME##_softmax(w);                                                                        \
@@ -203,27 +240,49 @@ static void NAME##_few(NAME##_chunk *w) {                                       
     int64_t chunks = head_dim / WIDTH, value_chunks = value_dim / WIDTH, stride = (end + WIDTH - 1) / WIDTH; \
     VT *qv = w->qt, *acc = w->acc; /* [lanes, chunks], [lanes, value_chunks] */                           \
     QT *scores = (QT *)w->scores;                                                                        \
-    for (int64_t l = 0; l < w->lanes; l++)                                                               \
-        for (int64_t d = 0; d < head_dim; d++) ((QT *)(qv + l * chunks))[d] = LOAD(w->q[w->q_at[l] + d]); \
+    int paired = PAIRED && head_dim % (2 * WIDTH) == 0;                                                  \
+    for (int64_t l = 0; l < w->lanes; l++) /* paired: each lane's bfloat16s as they are */               \
+        for (int64_t d = 0; d < head_dim; d++)                                                           \
+            if (paired)                                                                                  \
+                ((uint16_t *)(qv + l * chunks / 2))[d] = ((const uint16_t *)w->q)[w->q_at[l] + d];       \
+            else                                                                                         \
+                ((QT *)(qv + l * chunks))[d] = LOAD(w->q[w->q_at[l] + d]);                               \
     for (int64_t first = 0; first < end; first += w->block_size) {                                       \
-        int64_t count = NAME##_widen(w, w->k_pool, first, head_dim);                                     \
+        int64_t count = w->end - first < w->block_size ? w->end - first : w->block_size;                 \
+        const KT *block = w->k_pool + w->table[first / w->block_size] * w->block_size * head_dim;        \
+        if (!paired) NAME##_widen(w, w->k_pool, first, head_dim);                                        \
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
         PREFETCH(w, w->k_pool, first + 2 * w->block_size, head_dim) /* asked twice: once was 1-8% slower */ \
         PREFETCH(w, w->v_pool, first, value_dim)                                                         \
         for (int64_t i = 0; i < count; i += WIDTH) { /* WIDTH keys a lane, their sums halved at once */   \
             int64_t keys = count - i < WIDTH ? count - i : WIDTH;                                        \
             for (int64_t l = 0; l < w->lanes; l++) {                                                     \
-                VT s[WIDTH];                                                                             \
-                for (int64_t j = 0; j < WIDTH; j++) s[j] = qv[0] * 0;                                    \
-                for (int64_t m = 0; m < chunks; m++) {                                                   \
-                    VT part = qv[l * chunks + m];                                                        \
-                    const VT *key = (const VT *)(w->block + i * head_dim) + m;                           \
-                    for (int64_t j = 0; j < WIDTH; j++)                                                  \
-                        if (BIT_REVERSED[j] < keys) s[j] += part * key[BIT_REVERSED[j] * chunks];         \
-                }                                                                                        \
-                VT scored = HALVES_16(s) * w->scale;                                                     \
                 QT *to = scores + l * stride * WIDTH + first + i;                                        \
-                for (int64_t j = 0; j < keys; j++) to[j] = scored[j];                                    \
+                if (paired) {                                                                            \
+                    f32xW s[WIDTH];                                                                      \
+                    for (int64_t j = 0; j < WIDTH; j++) s[j] = (f32xW){0};                               \
+                    for (int64_t m = 0; m < chunks / 2; m++) {                                           \
+                        u32xW part = ((const u32xW *)(qv + l * chunks / 2))[m];                          \
+                        const uint16_t *key = (const uint16_t *)(block + i * head_dim) + m * 2 * WIDTH;  \
+                        for (int64_t j = 0; j < WIDTH; j++)                                              \
+                            if (BIT_REVERSED[j] < keys)                                                  \
+                                s[j] = dot_pairs(s[j], part,                                             \
+                                                 *(const u32xW_unaligned *)(key + BIT_REVERSED[j] * head_dim)); \
+                    }                                                                                    \
+                    f32xW scored = HALVES_16(s) * (float)w->scale;                                       \
+                    for (int64_t j = 0; j < keys; j++) to[j] = scored[j];                                \
+                } else {                                                                                 \
+                    VT s[WIDTH];                                                                         \
+                    for (int64_t j = 0; j < WIDTH; j++) s[j] = qv[0] * 0;                                \
+                    for (int64_t m = 0; m < chunks; m++) {                                               \
+                        VT part = qv[l * chunks + m];                                                    \
+                        const VT *key = (const VT *)(w->block + i * head_dim) + m;                       \
+                        for (int64_t j = 0; j < WIDTH; j++)                                              \
+                            if (BIT_REVERSED[j] < keys) s[j] += part * key[BIT_REVERSED[j] * chunks];     \
+                    }                                                                                    \
+                    VT scored = HALVES_16(s) * w->scale;                                                 \
+                    for (int64_t j = 0; j < keys; j++) to[j] = scored[j];                                \
+                }                                                                                        \
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \
@@ -324,6 +383,6 @@ void NAME(const KT *q, const KT *k_pool, const KT *v_pool, KT *out, const int64_
 
 #define AS_IS(x) (x)
 
-DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, AS_IS, exp_f32, -FLT_MAX)
-DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, AS_IS, exp_f64, -DBL_MAX)
-DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, widen, narrow, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, AS_IS, 0, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, AS_IS, 0, exp_f64, -DBL_MAX)
+DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, widen, narrow, 1, exp_f32, -FLT_MAX)
