@@ -67,7 +67,7 @@ def _random_pools(dtype: torch.dtype, num_blocks: int, dim: int, seed: int) -> t
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block", "start"), [(BLOCK, 37), (16, 37), (16, 160), (32, 121)])
-@pytest.mark.parametrize("dim", [16, 64])  # bfloat16 heads of one vector widened, of whole vectors of pairs not
+@pytest.mark.parametrize("dim", [16, 64])  # in bfloat16: 16 is widened to float32, 64 scored in pairs
 def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype, block, start, dim):
     """Batch invariance, what keeps speculation's greedy output plain decoding's: a token verified in
     a row of 5 (lanes across the vector) attends exactly as when decoded alone (lanes across

@@ -290,7 +290,7 @@ static void NAME##_few(NAME##_chunk *w) {                                       
     for (int64_t l = 0; l < w->lanes; l++) {                                                             \
         QT *lane = scores + l * stride * WIDTH, high = LOWEST;                                           \
         int64_t seen = w->seen[l], p = 0;                                                                \
-        VT most = qv[0] * 0 + LOWEST; /* the max, in any order: exact */                                 \
+        VT most = (VT){0} + LOWEST; /* the max, in any order: exact (qv may hold bfloat16 pairs) */      \
         for (; p + WIDTH <= seen; p += WIDTH) {                                                          \
             VT x = ((VT *)lane)[p / WIDTH];                                                              \
             IT more = x > most;                                                                          \
