@@ -201,7 +201,8 @@ class AdaptiveLookahead:
         """What the gate's drafting rounds run where the model prefers plain decoding: the plan with
         drafts it rates best (solved per largest k, or every row at min(cap, K)) among the rows whose
         catch-ups, cheapest first, together cost at most a plain round; nothing where the passes timed
-        at the job's start do not say drafting pays either (`_measured_passes_say_drafting_pays`).
+        at the job's start do not say drafting pays either, at α's exploring bound
+        (`_measured_passes_say_drafting_pays`).
 
         Drafting blocks that plan k = 0 compare plain decoding with itself, and only rounds that draft
         refit drafting's prices: a model that priced drafting too dear once (a slow stretch of the
@@ -212,7 +213,7 @@ class AdaptiveLookahead:
         bound, and a trial comparison ends early (`DraftGate.note_trial`). `plain_rate`: the batch's
         tokens per ms at k = 0."""
         round_cost = self.ctx.round_cost
-        if not self._measured_passes_say_drafting_pays(batch):
+        if not self._measured_passes_say_drafting_pays(batch, rows):
             return [0 for _ in rows]
         plain_ms = len(rows) / plain_rate
         catch_ups = [round_cost.draft_position_ms * (draft_lag(row) - 1) if model
@@ -233,20 +234,25 @@ class AdaptiveLookahead:
             plans.append((trial.tokens(uniform) / round_cost.decode_ms(trial.shape(uniform)), uniform))
         return max((plan for plan in plans if any(plan[1])), key=lambda plan: plan[0])[1]
 
-    def _measured_passes_say_drafting_pays(self, batch: _Batch) -> bool:
-        """Whether, at the rows' α, drafting beats plain decoding by the gate's margin with the passes
-        priced as timed at the job's start (the online fit's prior, where it timed them: `CostModel.
-        measured_coefficients`) and the rest as refitted. Only then can the model's preference for plain
-        decoding be a refit gone wrong; where the prior is only a guess, or the refit differs in what
-        the start did not time (a suffix index's host time), a trial would test the model against
-        itself."""
+    def _measured_passes_say_drafting_pays(self, batch: _Batch, rows: list[Row]) -> bool:
+        """Whether, at the rows' α at its exploring bound (`explore_z`), drafting beats plain decoding
+        by the gate's margin with the passes priced as timed at the job's start (the online fit's
+        prior, where it timed them: `CostModel.measured_coefficients`) and the rest as refitted. Only
+        then can the model's preference for plain decoding be a refit gone wrong; where the prior is
+        only a guess, or the refit differs in what the start did not time (a suffix index's host
+        time), a trial would test the model against itself. At the bound, not the estimate: a trial
+        is what measures α, and before it the estimate is the prior's (SmolLM2 one-schema extraction,
+        suffix, 8 rows: at the prior's 0.5 the check said no, and 4 of 12 runs never drafted where α
+        measured 0.96 in the others); the bound closes on the estimate as the evidence grows, so a
+        drafter measured to lose is not tried again."""
         control = self.ctx.draft
         if control.cost_fit is None or not control.cost_fit.prior.measured_coefficients:
             return False
         prior, round_cost = control.cost_fit.prior, self.ctx.round_cost
         timed = replace(round_cost.cost, **{name: getattr(prior, name) for name in prior.measured_coefficients})
         at_start = RoundCostModel(timed, round_cost.buckets, round_cost.uses_draft_model, round_cost.flat)
-        limit, _ = speedup_limit(at_start, batch.alphas, batch.caps, batch.starts, batch.models)
+        alphas = [min(max(self.ctx.alphas.optimistic_alpha(row, self.explore_z), 1e-6), 1 - 1e-9) for row in rows]
+        limit, _ = speedup_limit(at_start, alphas, batch.caps, batch.starts, batch.models)
         return limit > 1.0 + (control.gate.margin if control.gate is not None else 0.0)
 
     def _solutions(self, batch: _Batch) -> dict[int, tuple[float, list[int]]]:
