@@ -72,8 +72,7 @@ class _Batch:
         catch_ups = [lag if model else index_lag for lag, index_lag, model in zip(draft_lags, index_lags, models,
                                                                                    strict=True)]
         unproven = _unproven_catch_ups(ctx, rows, caps, catch_ups, min_job_samples)
-        alphas = [min(max(ctx.alphas.optimistic_alpha(r, 0.0 if trial else explore_z), 1e-6), 1 - 1e-9)
-                  for r, trial in zip(rows, unproven, strict=True)]
+        alphas = [_bounded_alpha(ctx, r, 0.0 if trial else explore_z) for r, trial in zip(rows, unproven, strict=True)]
         spreads = [min(min(horizon, unproven_horizon) if trial else horizon,
                        max(1.0, r.num_new_tokens_left / (1 + alpha)))
                    for r, alpha, trial in zip(rows, alphas, unproven, strict=True)]
@@ -251,7 +250,7 @@ class AdaptiveLookahead:
         prior, round_cost = control.cost_fit.prior, self.ctx.round_cost
         timed = replace(round_cost.cost, **{name: getattr(prior, name) for name in prior.measured_coefficients})
         at_start = RoundCostModel(timed, round_cost.buckets, round_cost.uses_draft_model, round_cost.flat)
-        alphas = [min(max(self.ctx.alphas.optimistic_alpha(row, self.explore_z), 1e-6), 1 - 1e-9) for row in rows]
+        alphas = [_bounded_alpha(self.ctx, row, self.explore_z) for row in rows]
         limit, _ = speedup_limit(at_start, alphas, batch.caps, batch.starts, batch.models)
         return limit > 1.0 + (control.gate.margin if control.gate is not None else 0.0)
 
@@ -331,6 +330,12 @@ class AdaptiveLookahead:
             ks, shape = new_ks, batch.shape(new_ks)
             rate = batch.tokens(ks) / round_cost.decode_ms(shape)
         return rate, ks
+
+
+def _bounded_alpha(ctx: SchedContext, row: Row, explore_z: float) -> float:
+    """The row's α at `explore_z` standard deviations above its estimate, kept inside (0, 1) for its
+    logarithm."""
+    return min(max(ctx.alphas.optimistic_alpha(row, explore_z), 1e-6), 1 - 1e-9)
 
 
 def _unproven_catch_ups(ctx: SchedContext, rows: list[Row], caps: list[int], catch_ups: list[int],

@@ -150,12 +150,16 @@ typedef struct {                                                                
     QT *block;         /* [block_size, dim] one block of keys or values, widened */                      \
 } NAME##_chunk;                                                                                          \
                                                                                                          \
-/* the block holding position `first` from a pool, widened to QT; returns its positions in use */        \
-static int64_t NAME##_widen(const NAME##_chunk *w, const KT *pool, int64_t first, int64_t dim) {          \
-    int64_t count = w->end - first < w->block_size ? w->end - first : w->block_size;                     \
-    const KT *from = pool + w->table[first / w->block_size] * w->block_size * dim;                       \
-    for (int64_t i = 0; i < count * dim; i++) w->block[i] = LOAD(from[i]);                               \
-    return count;                                                                                        \
+/* the block holding position `first` in a pool; `count` its positions in use */                         \
+static const KT *NAME##_block(const NAME##_chunk *w, const KT *pool, int64_t first, int64_t dim,         \
+                               int64_t *count) {                                                         \
+    *count = w->end - first < w->block_size ? w->end - first : w->block_size;                            \
+    return pool + w->table[first / w->block_size] * w->block_size * dim;                                 \
+}                                                                                                        \
+                                                                                                         \
+/* `size` elements of a block widened to QT, into w->block */                                            \
+static void NAME##_widen(const NAME##_chunk *w, const KT *from, int64_t size) {                          \
+    for (int64_t i = 0; i < size; i++) w->block[i] = LOAD(from[i]);                                      \
 }                                                                                                        \
                                                                                                          \
 /* `wide`'s scores -> weights, softmax per lane over the positions it sees (all lanes see those before  \
@@ -190,9 +194,9 @@ static void NAME##_wide(NAME##_chunk *w) {                                      
             else                                                                                         \
                 qt[d][l] = LOAD(w->q[w->q_at[l] + d]);                                                   \
     for (int64_t first = 0; first < w->end; first += w->block_size) {                                    \
-        int64_t count = w->end - first < w->block_size ? w->end - first : w->block_size;                 \
-        const KT *keys = w->k_pool + w->table[first / w->block_size] * w->block_size * head_dim;         \
-        if (!paired) NAME##_widen(w, w->k_pool, first, head_dim);                                        \
+        int64_t count;                                                                                   \
+        const KT *keys = NAME##_block(w, w->k_pool, first, head_dim, &count);                            \
+        if (!paired) NAME##_widen(w, keys, count * head_dim);                                            \
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
         PREFETCH(w, w->k_pool, first + 2 * w->block_size, head_dim) /* asked twice: once was 1-8% slower */ \
         PREFETCH(w, w->v_pool, first, value_dim)                                                         \
@@ -218,7 +222,9 @@ static void NAME##_wide(NAME##_chunk *w) {                                      
     VT total = NAME##_softmax(w);                                                                        \
     memset(acc, 0, sizeof(VT) * value_dim);                                                              \
     for (int64_t first = 0; first < w->end; first += w->block_size) {                                    \
-        int64_t count = NAME##_widen(w, w->v_pool, first, value_dim);                                    \
+        int64_t count;                                                                                   \
+        const KT *values = NAME##_block(w, w->v_pool, first, value_dim, &count);                         \
+        NAME##_widen(w, values, count * value_dim);                                                      \
         const VT *weights = w->scores + first;                                                           \
         for (int64_t d0 = 0; d0 < value_dim; d0 += VALUE_STEP) {                                         \
             VT sum[VALUE_STEP];                                                                          \
@@ -248,9 +254,9 @@ static void NAME##_few(NAME##_chunk *w) {                                       
             else                                                                                         \
                 ((QT *)(qv + l * chunks))[d] = LOAD(w->q[w->q_at[l] + d]);                               \
     for (int64_t first = 0; first < end; first += w->block_size) {                                       \
-        int64_t count = w->end - first < w->block_size ? w->end - first : w->block_size;                 \
-        const KT *block = w->k_pool + w->table[first / w->block_size] * w->block_size * head_dim;        \
-        if (!paired) NAME##_widen(w, w->k_pool, first, head_dim);                                        \
+        int64_t count;                                                                                   \
+        const KT *block = NAME##_block(w, w->k_pool, first, head_dim, &count);                           \
+        if (!paired) NAME##_widen(w, block, count * head_dim);                                           \
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
         PREFETCH(w, w->k_pool, first + 2 * w->block_size, head_dim) /* asked twice: once was 1-8% slower */ \
         PREFETCH(w, w->v_pool, first, value_dim)                                                         \
@@ -305,7 +311,9 @@ static void NAME##_few(NAME##_chunk *w) {                                       
         for (int64_t l = 0; l < w->lanes; l++) total[l] += scores[l * stride * WIDTH + p];               \
     memset(acc, 0, sizeof(VT) * w->lanes * value_chunks);                                                \
     for (int64_t first = 0; first < end; first += w->block_size) {                                       \
-        int64_t count = NAME##_widen(w, w->v_pool, first, value_dim);                                    \
+        int64_t count;                                                                                   \
+        const KT *values = NAME##_block(w, w->v_pool, first, value_dim, &count);                         \
+        NAME##_widen(w, values, count * value_dim);                                                      \
         for (int64_t l = 0; l < w->lanes; l++) { /* a lane's sums in registers across the block */      \
             const QT *weight = scores + l * stride * WIDTH + first;                                      \
             VT *to = acc + l * value_chunks;                                                             \
