@@ -21,8 +21,7 @@ import torch
 
 from specbatch.config import load_config
 from specbatch.engine.build import hf_backend, load_models
-from specbatch.engine.drafters import DraftModelDrafter
-from specbatch.engine.forward import SlotModel
+from specbatch.engine.forward import PagedModel
 
 
 def lag_cases() -> dict[str, list[int]]:
@@ -37,14 +36,14 @@ def lag_cases() -> dict[str, list[int]]:
     }
 
 
-def every_position(draft: SlotModel, slots: list[int], starts: list[int], chunks: list[list[int]]) -> None:
-    logits, _ = draft.forward(slots, starts, chunks)
+def every_position(draft: PagedModel, tables: list[list[int]], starts: list[int], chunks: list[list[int]]) -> None:
+    logits, _ = draft.forward(tables, starts, chunks)
     assert logits is not None
     logits[torch.arange(len(chunks)), torch.tensor([len(chunk) - 1 for chunk in chunks])]
 
 
-def last_only(draft: SlotModel, slots: list[int], starts: list[int], chunks: list[list[int]]) -> None:
-    draft.forward(slots, starts, chunks, last_only=True)
+def last_only(draft: PagedModel, tables: list[list[int]], starts: list[int], chunks: list[list[int]]) -> None:
+    draft.forward(tables, starts, chunks, last_only=True)
 
 
 WAYS = {"every_position_ms": every_position, "last_only_ms": last_only}
@@ -57,19 +56,19 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(None, ["scheduler.max_batch_rows=64"])
     backend, _ = hf_backend(config, load_models(config))
-    assert isinstance(backend.drafter, DraftModelDrafter)
-    draft = backend.drafter.draft
+    draft = backend.drafter.draft  # type: ignore[attr-defined]  # through the grammar's `ForcedDrafter`
+    assert isinstance(draft, PagedModel)
     results = {}
     for label, lags in lag_cases().items():
-        slots, starts = list(range(len(lags))), [64] * len(lags)
+        tables, starts = draft.scratch_tables(len(lags), 64 + max(lags)), [64] * len(lags)
         chunks = [[7] * lag for lag in lags]
         times: dict[str, list[float]] = {name: [] for name in WAYS}
         for way in WAYS.values():
-            way(draft, slots, starts, chunks)
+            way(draft, tables, starts, chunks)
         for _ in range(args.repeats):  # alternating, so both meet the same machine
             for name, way in WAYS.items():
                 started = time.perf_counter()
-                way(draft, slots, starts, chunks)
+                way(draft, tables, starts, chunks)
                 times[name].append((time.perf_counter() - started) * 1000)
         row = {name: statistics.median(values) for name, values in times.items()}
         row["ratio"] = row["every_position_ms"] / row["last_only_ms"]

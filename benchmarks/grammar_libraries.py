@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.hf
@@ -19,6 +20,9 @@ import llguidance.torch
 import torch
 import xgrammar as xgr
 from transformers import AutoTokenizer
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict in the stub alone
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"},
@@ -62,7 +66,7 @@ def bench_llguidance(tok, eos: int, vocab: int, ids: list[int]) -> dict:
     info = llguidance.hf.from_tokenizer(tok, n_vocab=vocab, eos_token=eos)
     tokenizer_ms = ms(start)
     start = time.perf_counter()
-    defaults = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    defaults: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
     grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(SCHEMA), defaults=defaults)
     matcher = llguidance.LLMatcher(info, grammar)
     assert not matcher.is_error(), matcher.get_error()

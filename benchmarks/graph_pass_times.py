@@ -2,7 +2,7 @@
 
 Times what issue 12's goals name: a target pass of 1 query position at context 160 (batch 1 and 32),
 a verify pass of 5 positions (k = 4), and a draft step at batch 1, each through the engine's
-`SlotModel` as a round runs it (padding to the graph mode's buckets included). Capture time is
+`PagedModel` as a round runs it (padding to the graph mode's buckets included). Capture time is
 printed apart, compiled from an empty cache.
 
 Run on a quiet machine:
@@ -20,8 +20,7 @@ from pathlib import Path
 
 from specbatch.config import load_config
 from specbatch.engine.build import hf_backend, load_models
-from specbatch.engine.drafters import DraftModelDrafter
-from specbatch.engine.forward import SlotModel
+from specbatch.engine.forward import PagedModel
 from specbatch.engine.graphs import use_compile_cache
 
 CONTEXT = 160
@@ -29,14 +28,18 @@ PASSES = (("target", 1, 1), ("target", 32, 1), ("target", 1, 5), ("target", 32, 
           ("draft", 32, 1))
 
 
-def mean_ms(model: SlotModel, num_rows: int, query_len: int, repeats: int) -> float:
-    slots, starts = list(range(num_rows)), [CONTEXT - query_len] * num_rows
-    chunks = [[7] * query_len] * num_rows
+def one_pass(model: PagedModel, tables: list[list[int]], query_len: int) -> None:
+    """A pass of each table's row, `query_len` positions after CONTEXT - query_len cached ones."""
+    model.forward(tables, [CONTEXT - query_len] * len(tables), [[7] * query_len] * len(tables))
+
+
+def mean_ms(model: PagedModel, num_rows: int, query_len: int, repeats: int) -> float:
+    tables = model.scratch_tables(num_rows, CONTEXT)
     for _ in range(3):
-        model.forward(slots, starts, chunks)
+        one_pass(model, tables, query_len)
     started = time.perf_counter()
     for _ in range(repeats):
-        model.forward(slots, starts, chunks)
+        one_pass(model, tables, query_len)
     return (time.perf_counter() - started) / repeats * 1000
 
 
@@ -53,10 +56,11 @@ def main() -> None:
         config = load_config(None, [f"models.graphs={mode}"])
         started = time.perf_counter()
         backend, _ = hf_backend(config, models)
-        assert isinstance(backend.drafter, DraftModelDrafter)
-        roles = {"target": backend.target, "draft": backend.drafter.draft}
+        draft = backend.drafter.draft  # type: ignore[attr-defined]  # through the grammar's `ForcedDrafter`
+        assert isinstance(draft, PagedModel)
+        roles = {"target": backend.target, "draft": draft}
         for role, num_rows, query_len in PASSES:  # the first pass of each shape captures its graph
-            roles[role].warm_up([(num_rows, query_len)])
+            one_pass(roles[role], roles[role].scratch_tables(num_rows, CONTEXT), query_len)
         results[mode] = {"capture_s": time.perf_counter() - started}
         for role, num_rows, query_len in PASSES:
             key = f"{role} rows={num_rows} q={query_len} ms"

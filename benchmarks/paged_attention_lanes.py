@@ -35,7 +35,7 @@ def time_layers(q: torch.Tensor, pools: list[tuple[torch.Tensor, torch.Tensor]],
     if kernel is False:
         paged_kernel.supports = lambda *tensors: False
     elif kernel is not True:
-        paged_kernel.load = lambda: kernel
+        paged_kernel.load = lambda: kernel  # type: ignore[assignment]  # the library given
     try:
         for keys, values in pools[:3]:
             paged_cache.attend(q, keys, values, layout, 0.125)

@@ -21,7 +21,7 @@ import torch
 
 from specbatch.config import load_config
 from specbatch.engine.build import hf_backend
-from specbatch.engine.forward import SlotModel
+from specbatch.engine.forward import PagedModel
 from specbatch.lab.bench import load_models_for, run_engine
 from specbatch.lab.prompts import heldout_prompts
 
@@ -29,15 +29,16 @@ CONFIGS = (("none", "fixed:0"), ("ngram", "fixed:4"), ("draft", "fixed:2"), ("ea
            ("eagle", "adaptive"))
 
 
-def pass_ms(model: SlotModel, rows: int, query_len: int, context: int, repeats: int = 20) -> tuple[float, float]:
+def pass_ms(model: PagedModel, rows: int, query_len: int, context: int, repeats: int = 20) -> tuple[float, float]:
     """Median (host ms, synced ms) of one decode-shaped pass of `rows` rows at KV length `context`."""
-    sync = torch.cuda.synchronize if model.cache.keys[0].is_cuda else (lambda: None)
-    slots, starts, chunks = list(range(rows)), [context] * rows, [[1] * query_len] * rows
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    tables, starts = model.scratch_tables(rows, context + query_len), [context] * rows
+    chunks = [[1] * query_len] * rows
     host, synced = [], []
     for _ in range(repeats + 3):
         sync()
         started = time.perf_counter()
-        model.forward(slots, starts, chunks, last_only=query_len == 1)
+        model.forward(tables, starts, chunks, last_only=query_len == 1)
         returned = time.perf_counter()
         sync()
         host.append((returned - started) * 1000)

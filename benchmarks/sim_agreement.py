@@ -25,6 +25,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict
+from typing import Any
 
 import pyarrow as pa
 
@@ -101,7 +102,8 @@ def drafter_scales(steps: list[StepRecord]) -> dict[str, float]:
 
 def match_rates(steps: list[StepRecord]) -> dict[str, float]:
     """Per lookup drafter, the share of the row-rounds planned with drafts that proposed any."""
-    planned, matched = Counter(), Counter()
+    planned: Counter[str] = Counter()
+    matched: Counter[str] = Counter()
     for step in steps:
         if step.k > 0 and step.drafter in ("ngram", "suffix"):
             planned[step.drafter] += 1
@@ -158,7 +160,7 @@ def main() -> None:
     else:
         prompts = instruct_workload_prompts(args.workload, models.tokenizer, args.prompts, args.max_new_tokens,
                                             seed=config.seed)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for repeat in range(args.repeats):  # the real job's own decisions vary with its timings
         recorder, rows, prior = real_job(config, models, prompts)
         truth = CostModel.fit(pa.Table.from_pylist([asdict(r) for r in recorder.rounds]),

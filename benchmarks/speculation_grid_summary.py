@@ -25,7 +25,7 @@ def rows(directory: Path) -> list[dict]:
     for path in sorted(directory.glob("*-*-*-b*.json")):  # the grid's cells: TARGET-DTYPE-WORKLOAD-bBATCH
         target, dtype, workload, batch = path.stem.rsplit("-", 3)
         results = json.loads(path.read_text())["results"]
-        plain = next((r for r in results if r["name"] == "specbatch-none"), {})
+        plain: dict = next((r for r in results if r["name"] == "specbatch-none"), {})
         for result in results:
             if result["name"].startswith("specbatch-") and result["name"] != "specbatch-none":
                 out.append({"cell": path.stem, "target": target, "dtype": dtype, "workload": workload,

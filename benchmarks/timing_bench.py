@@ -104,11 +104,12 @@ def bench_sim(num_requests: int) -> dict:
         real_completion_s = statistics.fmean(r["finished_s"] - r["arrival_s"] for r in done)
         cost = calibrate(real)
         summary = simulate(config, recorded_requests(real), ReplayAcceptance.from_job(real), Path(tmp) / "sim", cost)
+    completion = summary.latency["completion_s"].mean_s
+    assert summary.wall_s is not None and completion is not None, "the simulated job completed no request"
     out = {"num_requests": num_requests, "num_rounds": len(rounds), "cost_model_mape": cost.mape,
            "real_wall_s": real_wall_s, "sim_wall_s": summary.wall_s, "wall_ratio": summary.wall_s / real_wall_s,
            "real_mean_completion_s": real_completion_s,
-           "sim_mean_completion_s": summary.latency["completion_s"].mean_s,
-           "completion_ratio": summary.latency["completion_s"].mean_s / real_completion_s,
+           "sim_mean_completion_s": completion, "completion_ratio": completion / real_completion_s,
            "sim_host_s": summary.host_s}
     print(f"sim wall {summary.wall_s:.3f} s vs real {real_wall_s:.3f} s (×{out['wall_ratio']:.3f}); mean completion "
           f"×{out['completion_ratio']:.3f}; the simulation took {summary.host_s:.3f} s of host time")
