@@ -260,6 +260,9 @@ static void NAME##_few(NAME##_chunk *w) {                                       
         PREFETCH(w, w->k_pool, first + w->block_size, head_dim)                                          \
         PREFETCH(w, w->k_pool, first + 2 * w->block_size, head_dim) /* asked twice: once was 1-8% slower */ \
         PREFETCH(w, w->v_pool, first, value_dim)                                                         \
+        /* the next values block too: decoding's attention in bfloat16 0.93-0.94 of the time (32 x 256 and  \
+         * 8 x 512 positions, 30 layers, shuffled), float32 unchanged; across lanes float32 lost 3-4% */  \
+        PREFETCH(w, w->v_pool, first + w->block_size, value_dim)                                         \
         for (int64_t i = 0; i < count; i += WIDTH) { /* WIDTH keys a lane, their sums halved at once */   \
             int64_t keys = count - i < WIDTH ? count - i : WIDTH;                                        \
             for (int64_t l = 0; l < w->lanes; l++) {                                                     \
