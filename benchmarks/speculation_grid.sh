@@ -9,13 +9,13 @@
 # BATCHES="1 8 32" runs those batch sizes only (SmolLM2's batch-128 cells, 256 prompts each, take an hour).
 # REPEATS=3 makes each row the median of 3 interleaved runs: the bundled pair's short cells (1-2 s a run)
 # swing ±20% run to run on a shared 2-core host, more than the 0.98 goal allows.
-# Tables go to benchmarks/results/issue43/*.txt and .json; the summary, with the issue's goals checked,
+# Tables go to benchmarks/results/issue43/*.txt and .json (or $OUT); the summary, with the issue's goals checked,
 # to benchmarks/results/issue43/summary.txt (benchmarks/speculation_grid_summary.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
 eagle=${2:-outputs/models/smollm2-eagle}
-out=benchmarks/results/issue43
+out=${OUT:-benchmarks/results/issue43}  # OUT=DIR keeps an earlier grid's files
 mkdir -p "$out"
 export SPECBATCH_CACHE_DIR=${SPECBATCH_CACHE_DIR:-$PWD/outputs/cache}
 # prompts per cell: enough to fill the batch a few times over without making batch 1 take an hour
