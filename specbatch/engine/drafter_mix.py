@@ -29,7 +29,7 @@ class DrafterMix:
         self.default = next(iter(drafters))
         models = [drafter for drafter in drafters.values() if drafter.uses_model]
         self.uses_model = bool(models)
-        # the draft model's `SlotModel`, where one runs (the backend shares its free slots, the job times it)
+        # the draft model's `PagedModel`, where one runs (a row's block table serves its cache too; the job times it)
         self.draft = getattr(models[0], "draft", None) if models else None
 
     def kind_of(self, row: Row) -> str:

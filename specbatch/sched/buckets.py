@@ -41,7 +41,7 @@ class ShapeBuckets:
 
     def pass_shape(self, num_rows: int, max_start: int, max_len: int, num_positions: int,
                    max_kv_len: int | None = None, pad: bool = True) -> PassShape:
-        """The pass `SlotModel.forward` runs over ragged rows (the simulator prices the same): rows and
+        """The pass `PagedModel.forward` runs over ragged rows (the simulator prices the same): rows and
         query length padded up to a bucket where `pad`, KV length rounded up to the multiple over every
         position read (`max_start` the largest row start; padding rows start at 0)."""
         num_bucket_rows, query_len = num_rows, max_len
