@@ -80,7 +80,7 @@ def main() -> None:
     other: bool | ctypes.CDLL = False
     if args.against:
         built = c_library.load(args.against, paged_kernel.FLAGS,
-                               dict.fromkeys(paged_kernel._FUNCTIONS.values(), paged_kernel._ARGS), "-")
+                               dict.fromkeys(paged_kernel.FUNCTIONS.values(), paged_kernel._ARGS), "-")
         assert built is not None, f"{args.against} did not build"
         other = built
     name = "against" if args.against else "gather"

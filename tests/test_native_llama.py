@@ -15,11 +15,14 @@ from specbatch.engine.loading import kv_shape
 from specbatch.engine.native_llama import NativeLlama, native_reason
 from specbatch.engine.packed_linear import packs
 from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
+from specbatch.engine.panel_rows import panel_rows
+from specbatch.engine.streamed_gemm import serves
 
 TINY = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, max_position_embeddings=128)
 FAMILIES = {
     "llama": dict(TINY, tie_word_embeddings=True),
+    "llama-biases": dict(TINY, attention_bias=True),  # q/k/v and output biases
     "mistral": dict(TINY, sliding_window=None),
     "qwen2": TINY,  # q/k/v biases
     "qwen3": dict(TINY, head_dim=16),  # per-head q/k RMSNorm
@@ -28,8 +31,13 @@ FAMILIES = {
 
 def family_model(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     torch.manual_seed(3)
-    config = AutoConfig.for_model(family, **FAMILIES[family])
-    return AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME, dtype=dtype).eval()
+    config = AutoConfig.for_model(family.split("-")[0], **FAMILIES[family])
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME, dtype=dtype).eval()
+    with torch.no_grad():  # initialised to zeros, a bias the step dropped would go unseen
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)
+    return model
 
 
 # float64: the same maths as Hugging Face's to rounding; float32: through the streamed kernel's GEMMs
@@ -58,6 +66,32 @@ def test_a_native_pass_gives_the_familys_own_logits(family, dtype, tolerance):
             full = model(torch.tensor([prompt[:-1] + window])).logits[0]  # [prompt + drafts, vocab]
         expected.append(full[len(prompt) - 1 :])
     torch.testing.assert_close(logits, torch.cat(expected), rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_c_layer_loop_gives_the_python_loops_bits(family, dtype):
+    """The layers in one C call (`engine/layer_loop.py`) run the Python loop's kernels with its arguments:
+    the same logits, layer inputs and cache, bit for bit; Qwen3's per-head norms keep the Python loop."""
+    if not serves(dtype) or panel_rows(dtype) < 4:
+        pytest.skip(f"{dtype} GEMMs do not stream here at 4 rows")
+    model = family_model(family, dtype)
+    shape = kv_shape(model)
+    prompts = [[5, 9, 17, 3, 44, 2, 8], [70, 33], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    windows = [[prompts[0][-1], 7], [33], [prompts[2][-1]]]  # 4 tokens: within the panels' rows anywhere
+    outputs = []
+    for loop in (True, False):
+        native = NativeLlama(model)
+        assert (native.loop is not None) == (family != "qwen3")
+        native.loop = native.loop if loop else None
+        cache = PagedKVCache(shape.num_layers, 32, 4, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
+        paged = PagedModel(model, cache, native=native)
+        paged.feature_layers = (0, 1, 2)  # the inputs of each layer and the final norm's output, as EAGLE reads
+        tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+        paged.forward(tables, [0, 0, 0], [prompt[:-1] for prompt in prompts], keep_logits=False)
+        logits, _ = paged.forward(tables, [len(prompt) - 1 for prompt in prompts], windows)
+        outputs.append((logits, paged.features, *cache.keys, *cache.values))
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(*outputs, strict=True))
 
 
 def test_fused_weights_are_the_models_own():

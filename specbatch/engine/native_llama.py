@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specbatch.engine import fused_ops
+from specbatch.engine.layer_loop import LayerLoop
 from specbatch.engine.packed_linear import PackedLinear
 from specbatch.engine.paged_cache import PagedKVCache, PassLayout, attend
 
@@ -70,6 +71,10 @@ class NativeLlama:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scaling = self.head_dim**-0.5
         self.layers = [_fuse(layer) for layer in inner.layers]
+        dtype = self.final_norm.dtype
+        self.loop = (LayerLoop(self.layers, dtype, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                               self.scaling)
+                     if LayerLoop.serves(self.layers, dtype, self.head_dim) else None)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache, layout: PassLayout,
@@ -82,17 +87,32 @@ class NativeLlama:
         hidden = self.embed(input_ids)  # [tokens, hidden]
         cos, sin = self.rotary(hidden[None], positions[None])  # [1, tokens, head_dim]
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [tokens, head_dim]
-        states: dict[int, torch.Tensor] = {}
-        for index, layer in enumerate(self.layers):
-            if index in feature_layers:
-                states[index] = hidden
-            hidden = self._layer(layer, index, hidden, cos, sin, cache, layout)
+        hidden, states = self._layers(hidden, cos, sin, cache, layout, feature_layers)
         hidden = _rms_norm(hidden, self.final_norm, self.eps)
         states[len(self.layers)] = hidden
         wanted = [states[index] for index in feature_layers]
         if not keep_logits:
             return None, wanted
         return self.lm_head(hidden if kept is None else hidden[kept]), wanted
+
+    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache,
+                layout: PassLayout, feature_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The decoder layers over `hidden` (the embeddings, a tensor of this pass's own), and the inputs
+        of the layers `feature_layers` names: in one C call where the loop takes the pass, stopping
+        where a layer's input is wanted, else layer by layer."""
+        states: dict[int, torch.Tensor] = {}
+        if self.loop is not None and self.loop.takes(hidden, cos, sin, cache):
+            done = 0
+            for index in sorted({index for index in feature_layers if index < len(self.layers)}):
+                self.loop.run_(hidden, cos, sin, cache, layout, done, index)
+                states[index], done = hidden.clone(), index  # the loop updates `hidden` in place
+            self.loop.run_(hidden, cos, sin, cache, layout, done, len(self.layers))
+            return hidden, states
+        for index, layer in enumerate(self.layers):
+            if index in feature_layers:
+                states[index] = hidden
+            hidden = self._layer(layer, index, hidden, cos, sin, cache, layout)
+        return hidden, states
 
     def _layer(self, layer: _Layer, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                cache: PagedKVCache, layout: PassLayout) -> torch.Tensor:
@@ -135,7 +155,8 @@ def _fuse(layer: Any) -> _Layer:
     q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
     gate, up = gate_up.chunk(2)
     return _Layer(layer.input_layernorm.weight, PackedLinear(qkv, bias), q_norm.weight if q_norm is not None else None,
-                  k_norm.weight if k_norm is not None else None, PackedLinear(attention.o_proj.weight),
+                  k_norm.weight if k_norm is not None else None,
+                  PackedLinear(attention.o_proj.weight, attention.o_proj.bias),  # Llama's attention_bias has one
                   layer.post_attention_layernorm.weight, gate_up, PackedLinear(gate), PackedLinear(up),
                   PackedLinear(mlp.down_proj.weight))
 

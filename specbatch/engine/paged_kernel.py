@@ -39,7 +39,7 @@ WIDTH = 16  # the kernel's vectors (float32 lanes); head and value sizes must be
 # of dimensions by the CPU's bfloat16 dot product where heads are whole vectors of pairs, values
 # widened) and its outputs are rounded once, in the kernel (a conversion each way around every
 # layer's call cost a bfloat16 decode pass of SmolLM2 at 8 rows ~0.6 ms of ~18)
-_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
+FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
 # lanes a row may bring to be laid across dimensions: past them the work goes across lanes, whose cost
 # is flat up to WIDTH (`benchmarks/paged_attention_lanes.py`, SmolLM2's heads, 32 rows after 256
@@ -51,13 +51,13 @@ FEW_LANES = 6
 @cache
 def load() -> ctypes.CDLL | None:
     """The built kernel library, or None where it cannot be built here (logged once)."""
-    return c_library.load(SOURCE, FLAGS, dict.fromkeys(_FUNCTIONS.values(), _ARGS), "SPECBATCH_PAGED_KERNEL")
+    return c_library.load(SOURCE, FLAGS, dict.fromkeys(FUNCTIONS.values(), _ARGS), "SPECBATCH_PAGED_KERNEL")
 
 
 def supports(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor) -> bool:
     """Whether the kernel serves these tensors (CPU, one dtype it reads, head and value sizes in whole
     vectors)."""
-    return (query.device.type == "cpu" and key_pool.dtype in _FUNCTIONS
+    return (query.device.type == "cpu" and key_pool.dtype in FUNCTIONS
             and query.dtype == key_pool.dtype == value_pool.dtype
             and query.shape[-1] % WIDTH == 0 and value_pool.shape[-1] % WIDTH == 0 and load() is not None)
 
@@ -73,7 +73,7 @@ def attend(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, ta
     if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
         q = q.contiguous()
     out = q.new_empty(q.shape[0], q.shape[1], value_pool.shape[-1])
-    getattr(library, _FUNCTIONS[key_pool.dtype])(
+    getattr(library, FUNCTIONS[key_pool.dtype])(
         q.data_ptr(), key_pool.data_ptr(), value_pool.data_ptr(), out.data_ptr(), tables.data_ptr(),
         tables.shape[1], q.stride(0), rows[0].data_ptr(), rows[1].data_ptr(), rows[2].data_ptr(), rows.shape[1],
         q.shape[1], key_pool.shape[0], q.shape[2], value_pool.shape[-1], key_pool.shape[1], block_size, scale,
