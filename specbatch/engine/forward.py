@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specbatch.core import PassShape
+from specbatch.engine import paged_kernel
 from specbatch.engine.native_llama import NativeLlama
 from specbatch.engine.paged_cache import PagedKVCache, bound_pass, build_layout
 
@@ -37,6 +38,11 @@ class PagedModel:
         self.model, self.cache = model, cache
         self.step = model if step is None else step
         self.native = native  # the Llama family's own step, where it covers the model (`engine/native_llama.py`)
+        # whether every pass's attention runs in the kernel (the native step's, whose heads it takes), so
+        # layouts skip what only gathering reads
+        self.kernel_attends = native is not None and paged_kernel.supports(
+            torch.empty(0, 1, native.head_dim, dtype=native.final_norm.dtype, device=cache.keys[0].device),
+            cache.keys[0], cache.values[0])
         self.cache_argument = cache_argument(model)
         # layers whose inputs an EAGLE drafter reads: each pass then keeps them side by side in
         # `features` [tokens, len(feature_layers)·hidden] (flat, in the pass's row order) until the next pass
@@ -68,7 +74,8 @@ class PagedModel:
         row's last chunk position; with `keep` [len(keep), vocab] at those flat positions."""
         lengths = [len(chunk) for chunk in chunks]
         device = self.device
-        layout = build_layout(tables, starts, lengths, self.cache.block_size, device)
+        layout = build_layout(tables, starts, lengths, self.cache.block_size, device,
+                              gathers=not self.kernel_attends)
         num_tokens = layout.num_tokens
         input_ids = torch.tensor([token for chunk in chunks for token in chunk], dtype=torch.long, device=device)
         positions = torch.tensor([start + i for start, length in zip(starts, lengths, strict=True)
