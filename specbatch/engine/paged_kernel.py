@@ -40,7 +40,7 @@ WIDTH = 16  # the kernel's vectors (float32 lanes); head and value sizes must be
 # widened) and its outputs are rounded once, in the kernel (a conversion each way around every
 # layer's call cost a bfloat16 decode pass of SmolLM2 at 8 rows ~0.6 ms of ~18)
 FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
-              torch.bfloat16: "paged_attention_bf16"}
+             torch.bfloat16: "paged_attention_bf16"}
 # lanes a row may bring to be laid across dimensions: past them the work goes across lanes, whose cost
 # is flat up to WIDTH (`benchmarks/paged_attention_lanes.py`, SmolLM2's heads, 32 rows after 256
 # positions, a layer, bfloat16, ms at 3 / 6 / 15 lanes: across dimensions 0.50 / 0.87 / -, across
