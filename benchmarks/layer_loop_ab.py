@@ -33,12 +33,14 @@ def side_by_side(model: PagedModel, native: NativeLlama, tables: list[list[int]]
     """Median ms of a pass through the C loop and through the Python loop, alternated; the logits equal."""
     loop = native.loop
     times: dict[bool, list[float]] = {True: [], False: []}
-    logits = {}
+    logits: dict[bool, torch.Tensor] = {}
     for index in range(2 * repeats + 2):
         through_c = index % 2 == 0
         native.loop = loop if through_c else None
         started = time.perf_counter()
-        logits[through_c], _ = model.forward(tables, starts, chunks, last_only=True)
+        output, _ = model.forward(tables, starts, chunks, last_only=True)
+        assert output is not None
+        logits[through_c] = output
         if index >= 2:  # the first of each side warms up
             times[through_c].append(time.perf_counter() - started)
     native.loop = loop
