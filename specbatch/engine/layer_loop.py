@@ -60,6 +60,9 @@ class LayerLoop:
         norms, gemms, attention = fused_ops.load(), streamed_gemm.load(), paged_kernel.load()
         self.kernels = [_address(norms, f"rms_norm_{suffix}"), _address(gemms, f"streamed_gemm_{suffix}"),
                         _address(norms, f"rotary_write_{suffix}"), _address(attention, paged_kernel.FUNCTIONS[dtype])]
+        # the norms' tensors held here, so a parameter whose `.data` were swapped could not free what the C
+        # loop reads (the panels are the layers' own copies, held by them)
+        self._norms = [norm.detach() for layer in layers for norm in (layer.input_norm, layer.post_norm)]
         self.weights = [[layer.input_norm.data_ptr(), *_panels(layer.qkv), *_panels(layer.out),
                          layer.post_norm.data_ptr(), _panels(layer.gate)[0], _panels(layer.up)[0],
                          _panels(layer.down)[0]] for layer in layers]
