@@ -52,7 +52,7 @@ class LayerLoop:
 
     def __init__(self, layers: Sequence[_Layer], dtype: torch.dtype, num_heads: int, num_kv_heads: int,
                  head_dim: int, eps: float, scale: float) -> None:
-        self.dtype, self.num_layers = dtype, len(layers)
+        self.dtype = dtype
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self.hidden_size, self.intermediate = layers[0].qkv.weight.shape[1], layers[0].gate.weight.shape[0]
