@@ -10,6 +10,7 @@ round reads them (`logits_to_keep` with the flat indices).
 from __future__ import annotations
 
 import inspect
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,20 +78,24 @@ class PagedModel:
         layout = build_layout(tables, starts, lengths, self.cache.block_size, device,
                               gathers=not self.kernel_attends)
         num_tokens = layout.num_tokens
-        input_ids = torch.tensor([token for chunk in chunks for token in chunk], dtype=torch.long, device=device)
-        positions = torch.tensor([start + i for start, length in zip(starts, lengths, strict=True)
-                                  for i in range(length)], dtype=torch.long, device=device)
         shape = PassShape.flat(starts, lengths)
-        ends = torch.tensor(lengths, device=device).cumsum(0) - 1  # [rows] each row's last token
         kept: Any = 0  # every position
+        picked: list[int] | None = None  # the positions whose logits are kept, where not all
         if not keep_logits:
             kept = 1
         elif last_only:
-            kept = ends
+            picked = list(itertools.accumulate(lengths, initial=-1))[1:]  # each row's last token
         elif keep is not None and len(keep) < num_tokens:
-            kept = torch.tensor(keep, dtype=torch.long, device=device)
+            picked = keep
+        # tokens, positions and kept positions in one copy from the host, not three (`paged_cache._kernel_layout`)
+        inputs = torch.tensor([*(token for chunk in chunks for token in chunk),
+                               *(start + i for start, length in zip(starts, lengths, strict=True)
+                                 for i in range(length)), *(picked or ())], dtype=torch.long, device=device)
+        input_ids, positions = inputs[:num_tokens], inputs[num_tokens : 2 * num_tokens]
+        if picked is not None:
+            kept = inputs[2 * num_tokens :]
         if self.native is not None:
-            logits, states = self.native.forward(input_ids, positions, self.cache, layout,
+            logits, states = self.native.forward(input_ids, positions, shape.kv_len, self.cache, layout,
                                                  kept if isinstance(kept, torch.Tensor) else None, keep_logits,
                                                  self.feature_layers)
             if self.feature_layers:

@@ -66,6 +66,7 @@ class LayerLoop:
         self.weights = [[layer.input_norm.data_ptr(), *_panels(layer.qkv), *_panels(layer.out),
                          layer.post_norm.data_ptr(), _panels(layer.gate)[0], _panels(layer.up)[0],
                          _panels(layer.down)[0]] for layer in layers]
+        self._table: tuple[tuple[int, ...], torch.Tensor] | None = None  # the last pools' pointers, and the table
 
     @staticmethod
     def serves(layers: Sequence[_Layer], dtype: torch.dtype, head_dim: int) -> bool:
@@ -87,8 +88,7 @@ class LayerLoop:
         """Layers [first, end) over `hidden` [tokens, hidden], in place; cos, sin [tokens, head_dim]."""
         tokens = hidden.shape[0]
         q_dims, kv_dims = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        table = torch.tensor([[*weights, keys.data_ptr(), values.data_ptr()] for weights, keys, values
-                              in zip(self.weights, cache.keys, cache.values, strict=True)], dtype=torch.int64)
+        table = self._pointers(cache)
         scratch = hidden.new_empty(tokens * (2 * self.hidden_size + q_dims + 2 * kv_dims + q_dims
                                              + 2 * self.intermediate))
         tables, rows = layout.kernel_inputs()
@@ -100,6 +100,18 @@ class LayerLoop:
             rows.shape[1], tokens, self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
             self.intermediate, cache.keys[0].shape[1], layout.block_size, paged_kernel.FEW_LANES,
             hidden.element_size(), self.eps, self.scale, torch.get_num_threads())
+
+
+    def _pointers(self, cache: PagedKVCache) -> torch.Tensor:
+        """Each layer's weight and pool pointers as the C loop reads them, rebuilt only when the pools
+        change (a cache of its own per model: the target's and the draft's alternate)."""
+        pools = tuple(pool.data_ptr() for pool in (*cache.keys, *cache.values))
+        if self._table is None or self._table[0] != pools:
+            num_layers = len(self.weights)
+            self._table = pools, torch.tensor([[*weights, keys, values] for weights, keys, values
+                                               in zip(self.weights, pools[:num_layers], pools[num_layers:],
+                                                      strict=True)], dtype=torch.int64)
+        return self._table[1]
 
 
 def _layer_serves(layer: _Layer, dtype: torch.dtype) -> bool:

@@ -27,6 +27,7 @@ from specbatch.engine import fused_ops
 from specbatch.engine.layer_loop import LayerLoop
 from specbatch.engine.packed_linear import PackedLinear
 from specbatch.engine.paged_cache import PagedKVCache, PassLayout, attend
+from specbatch.engine.rotary_table import RotaryTable
 
 NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
@@ -72,21 +73,26 @@ class NativeLlama:
         self.scaling = self.head_dim**-0.5
         self.layers = [_fuse(layer) for layer in inner.layers]
         dtype = self.final_norm.dtype
+        self.rotary_table = (RotaryTable(self.rotary, self.embed.weight.dtype, self.embed.weight.device)
+                             if RotaryTable.serves(self.rotary) else None)
         self.loop = (LayerLoop(self.layers, dtype, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
                                self.scaling)
                      if LayerLoop.serves(self.layers, dtype, self.head_dim) else None)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache, layout: PassLayout,
-                kept: torch.Tensor | None, keep_logits: bool = True, feature_layers: tuple[int, ...] = ()
-                ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-        """input_ids, positions: [tokens]. Returns logits [kept tokens, vocab] (every token's where
-        `kept` is None; None without `keep_logits`) and the hidden states `feature_layers` name
-        (Hugging Face's numbering: 0 the embeddings, i the output of layer i - 1, the last after the
-        final norm)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_positions: int, cache: PagedKVCache,
+                layout: PassLayout, kept: torch.Tensor | None, keep_logits: bool = True,
+                feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """input_ids, positions: [tokens], every position below `num_positions`. Returns logits [kept
+        tokens, vocab] (every token's where `kept` is None; None without `keep_logits`) and the hidden
+        states `feature_layers` name (Hugging Face's numbering: 0 the embeddings, i the output of layer
+        i - 1, the last after the final norm)."""
         hidden = self.embed(input_ids)  # [tokens, hidden]
-        cos, sin = self.rotary(hidden[None], positions[None])  # [1, tokens, head_dim]
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [tokens, head_dim]
+        if self.rotary_table is not None:
+            cos, sin = self.rotary_table.lookup(positions, num_positions)  # [tokens, head_dim]
+        else:
+            cos, sin = self.rotary(hidden[None], positions[None])  # [1, tokens, head_dim]
+            cos, sin = cos[0].contiguous(), sin[0].contiguous()
         hidden, states = self._layers(hidden, cos, sin, cache, layout, feature_layers)
         hidden = _rms_norm(hidden, self.final_norm, self.eps)
         states[len(self.layers)] = hidden
