@@ -129,6 +129,23 @@ def test_refits_grow_rarer_once_the_draft_cost_is_known_but_never_past_half_a_wi
     assert refits[:2] == [8, 16] and max(gaps) == fit.window // 2 and len(refits) < 64
 
 
+@pytest.mark.parametrize(("round_ms", "min_gap"), [(1.0, 70), (12.0, 8)])
+def test_refits_are_spaced_to_cost_a_hundredth_of_the_rounds_time(round_ms, min_gap):
+    """A refit costs ~0.7 ms: every 8 rounds of ~1 ms was 9% of a job; of ~12 ms, 0.7%."""
+    fit = OnlineCostFit(replace(CPU_DEMO_PROFILE, measured_draft=True))
+    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
+    refits = []
+    for i in range(1024):
+        record = replace(base, num_target_passes=1, num_target_rows=3, num_draft_passes=2, num_draft_rows=2 + i % 3,
+                         draft_ms=round_ms / 3, round_ms=round_ms * (1 + i % 3 * 0.01))
+        due = fit._next_refit
+        fit.observe(record, 0)
+        if fit._next_refit != due:
+            refits.append(fit.num_seen)
+    gaps = [b - a for a, b in zip(refits, refits[1:], strict=False)]
+    assert min(gaps) == min_gap and max(gaps) <= fit.window // 2
+
+
 def test_the_draft_cost_stays_known_when_fills_push_the_drafting_phases_out_of_its_window():
     fit = OnlineCostFit(CPU_DEMO_PROFILE)
     base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})

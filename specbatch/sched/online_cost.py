@@ -2,8 +2,8 @@
 
 A prior cost model (the built-in CPU profile, or a calibrated file) can be far from the machine a
 job runs on, and a lookahead policy that believes drafts are cheap keeps drafting at a loss. Every
-`refit_every` rounds (once the draft cost is known, every eighth of the rounds seen, up to half a
-window: a refit took 0.7 ms inside the engine, 0.6% of a batch-1 job refitting every 8 rounds) the
+`refit_every` rounds (once the draft cost is known, every eighth of the rounds seen, and no more often
+than keeps refits within `max_refit_share` of the rounds' time, up to half a window) the
 coefficients are fitted again on the last `window` rounds, by relative-error
 least squares with non-negative coefficients as in `CostModel.fit`, shrunk toward the prior by
 `prior_rounds` pseudo-rounds per coefficient so that a few rounds cannot swing it. A refit that
@@ -29,6 +29,7 @@ same timings, from the prior's values (a lookup has nothing to probe: the policy
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -67,6 +68,11 @@ class OnlineCostFit:
     prior_rounds: float = 0.1
     draft_window: int = 64
     min_draft_rounds: int = 4
+    # a refit's price inside the engine (two fits and two window errors: 0.65-0.7 ms here), and the share of
+    # the rounds' time refits may take once the draft cost is known: every 8 rounds took ~3% of a 1-row job
+    # of the bundled pair, whose rounds take ~1 ms, and 0.6% of SmolLM2's
+    refit_ms: float = 0.7
+    max_refit_share: float = 0.01
     draft_model: bool = True  # whether drafting runs a model to measure (n-gram lookup runs no draft pass)
     current: CostModel = field(init=False)
     drafted: deque[_DraftTiming] = field(init=False)
@@ -107,7 +113,9 @@ class OnlineCostFit:
         self.num_seen += 1
         if self.num_seen < self._next_refit:
             return None
-        interval = min(self.window // 2, self.num_seen // 8) if self.knows_draft_cost else 0
+        interval = 0
+        if self.knows_draft_cost:
+            interval = min(self.window // 2, max(self.num_seen // 8, self._priced_interval()))
         self._next_refit = self.num_seen + max(self.refit_every, interval)
         refitted = self.fit()
         if refitted.mape is not None and refitted.mape > self.window_error(self.current):
@@ -117,6 +125,11 @@ class OnlineCostFit:
         # the draft window, and the fit on them still prices both coefficients
         self._fitted_on_drafted = max(self._fitted_on_drafted, int(sum(timing.drafting for timing in self.drafted)))
         return self.current
+
+    def _priced_interval(self) -> int:
+        """Rounds between refits for their time to be `max_refit_share` of the rounds' (the window's mean)."""
+        mean_round_ms = float(self.rounds[:, ROUND_MS].mean())
+        return math.ceil(self.refit_ms / (self.max_refit_share * mean_round_ms)) if mean_round_ms > 0 else 0
 
     @property
     def knows_draft_cost(self) -> bool:
