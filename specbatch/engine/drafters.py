@@ -105,10 +105,13 @@ class DraftModelDrafter(NoDrafter):
                                                [chunks[i] for i in active], last_only=True)
             assert logits is not None
             last = self._to_target_vocab(logits).to(self.target_device)  # [active rows, vocab]
+            # greedy rows' drafts in one argmax and one copy to the host, not one of each per row
+            argmax = last.argmax(dim=-1).tolist() if any(rows[i].params.is_greedy for i in active) else []
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[i])
                 proposals.num_fed[i] += len(chunks[i])
-                token, q = self._pick(rows[i], len(proposals.tokens[i]), last[row_index], coupling)
+                token, q = self._pick(rows[i], len(proposals.tokens[i]), last[row_index], coupling, argmax,
+                                      row_index)
                 proposals.tokens[i].append(token)
                 if q is not None:
                     q_rows[i].append(q)
@@ -130,9 +133,10 @@ class DraftModelDrafter(NoDrafter):
         pad = logits.new_full((logits.shape[0], self.vocab_size - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _pick(self, row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling
-              ) -> tuple[int, torch.Tensor | None]:
-        """The row's next draft token from draft logits [vocab], and the q it was drawn from."""
+    def _pick(self, row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling, argmax: list[int],
+              row_index: int) -> tuple[int, torch.Tensor | None]:
+        """The row's next draft token from draft logits [vocab] (the step's argmax per active row at
+        `row_index` of `argmax`, where any is greedy), and the q it was drawn from."""
         if row.params.is_greedy and not coupling.constrains(row):  # a constrained row's argmax is masked
-            return int(logits.argmax()), None
+            return argmax[row_index], None
         return coupling.draft(row, row.num_output_tokens + draft_index, logits)
