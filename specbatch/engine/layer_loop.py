@@ -101,7 +101,6 @@ class LayerLoop:
             self.intermediate, cache.keys[0].shape[1], layout.block_size, paged_kernel.FEW_LANES,
             hidden.element_size(), self.eps, self.scale, torch.get_num_threads())
 
-
     def _pointers(self, cache: PagedKVCache) -> torch.Tensor:
         """Each layer's weight and pool pointers as the C loop reads them, rebuilt only when the pools
         change (a cache of its own per model: the target's and the draft's alternate)."""
