@@ -11,27 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 from specbatch.config import load_config
 from specbatch.engine.build import hf_backend
-from specbatch.engine.forward import PagedModel
+from specbatch.engine.cost_profile import time_pass
 from specbatch.lab.bench import load_models_for
 
 SHAPES = ((1, 1), (8, 1), (1, 5))  # (rows, query positions)
-
-
-def pass_us(model: PagedModel, rows: int, query_len: int, context: int, passes: int) -> float:
-    tables, starts = model.scratch_tables(rows, context + query_len), [context] * rows
-    chunks = [[5] * query_len] * rows
-    for _ in range(passes // 10 + 3):  # warm
-        model.forward(tables, starts, chunks, last_only=query_len == 1)
-    times = []
-    for _ in range(passes):
-        started = time.perf_counter()
-        model.forward(tables, starts, chunks, last_only=query_len == 1)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
@@ -55,7 +41,9 @@ def main() -> None:
         for name, model in steps.items():
             for rows, query_len in SHAPES:
                 key = f"{name} {rows}x{query_len}"
-                times.setdefault(key, []).append(pass_us(model, rows, query_len, args.context, args.passes))
+                role = "draft" if name == "draft" else "target"  # a draft step keeps only its last logits
+                timing = time_pass(model, rows, query_len, args.context, args.passes, role)
+                times.setdefault(key, []).append(timing.ms * 1000)
     print(json.dumps({key: round(statistics.median(values), 1) for key, values in times.items()}))
 
 

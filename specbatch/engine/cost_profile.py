@@ -106,17 +106,19 @@ def measure_passes(target: PagedModel, draft: PagedModel | None, rows: list[int]
     for num_rows in rows:
         for query_len in query_lengths:
             for start in {0, long_start} if num_rows == max(rows) else {0}:
-                profile.timings.append(_time(target, num_rows, query_len, start, repeats, "target"))
+                profile.timings.append(time_pass(target, num_rows, query_len, start, repeats, "target"))
     if draft is not None:
         for num_rows in rows:
-            profile.timings.append(_time(draft, num_rows, 1, 0, repeats, "draft"))
+            profile.timings.append(time_pass(draft, num_rows, 1, 0, repeats, "draft"))
         fill = min(FILL_TOKENS, draft.max_len - 1)
-        profile.timings.append(_time(draft, 1, fill, 0, repeats, "draft", keep_logits=False))
+        profile.timings.append(time_pass(draft, 1, fill, 0, repeats, "draft", keep_logits=False))
     return profile
 
 
-def _time(model: PagedModel, num_rows: int, query_len: int, start: int, repeats: int, role: str,
-          keep_logits: bool = True) -> PassTiming:
+def time_pass(model: PagedModel, num_rows: int, query_len: int, start: int, repeats: int, role: str,
+              keep_logits: bool = True) -> PassTiming:
+    """The median of `repeats` passes of `num_rows` rows × `query_len` positions from `start` (scratch
+    tables), the first pass before them not counted."""
     tables, chunks = model.scratch_tables(num_rows, start + query_len), [[0] * query_len for _ in range(num_rows)]
     sync = _synchronizer(model)
     times, shape = [], None

@@ -110,8 +110,8 @@ class DraftModelDrafter(NoDrafter):
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[i])
                 proposals.num_fed[i] += len(chunks[i])
-                token, q = self._pick(rows[i], len(proposals.tokens[i]), last[row_index], coupling, argmax,
-                                      row_index)
+                token, q = self._pick(rows[i], len(proposals.tokens[i]), last[row_index], coupling,
+                                      argmax[row_index] if argmax else None)
                 proposals.tokens[i].append(token)
                 if q is not None:
                     q_rows[i].append(q)
@@ -133,10 +133,11 @@ class DraftModelDrafter(NoDrafter):
         pad = logits.new_full((logits.shape[0], self.vocab_size - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _pick(self, row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling, argmax: list[int],
-              row_index: int) -> tuple[int, torch.Tensor | None]:
-        """The row's next draft token from draft logits [vocab] (the step's argmax per active row at
-        `row_index` of `argmax`, where any is greedy), and the q it was drawn from."""
-        if row.params.is_greedy and not coupling.constrains(row):  # a constrained row's argmax is masked
-            return argmax[row_index], None
+    def _pick(self, row: Row, draft_index: int, logits: torch.Tensor, coupling: Coupling, argmax: int | None
+              ) -> tuple[int, torch.Tensor | None]:
+        """The row's next draft token from draft logits [vocab] (`argmax`: theirs, taken for the step's rows
+        at once where any is greedy), and the q it was drawn from."""
+        # a constrained row's argmax is masked: it draws through the coupling
+        if argmax is not None and row.params.is_greedy and not coupling.constrains(row):
+            return argmax, None
         return coupling.draft(row, row.num_output_tokens + draft_index, logits)

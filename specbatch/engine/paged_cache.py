@@ -21,6 +21,7 @@ group's causal mask (built once per pass, shared by every layer).
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -109,15 +110,21 @@ def _kernel_layout(tables: list[list[int]], starts: list[int], lengths: list[int
     concatenations. With the pass's inputs made alike (`PagedModel.forward`) and the C loop's pointer
     table kept (`LayerLoop`), a 1-row pass of the bundled draft model went from 287 to 246 µs, its
     target's from ~700 to ~580 (medians of 300 passes)."""
-    row_blocks = [table[: -(-(start + length) // block_size)] for table, start, length in zip(tables, starts, lengths,
-                                                                                                strict=True)]
-    width = max(map(len, row_blocks))
-    padded = [block for blocks in row_blocks for block in (*blocks, *[0] * (width - len(blocks)))]
+    padded, width = _padded_blocks(tables, starts, lengths, range(len(tables)), block_size)
     buffer = torch.tensor([*slots, *padded, *offsets[:-1], *lengths, *starts], dtype=torch.long, device=device)
     num_tokens, num_rows = len(slots), len(tables)
     block_tables = buffer[num_tokens : num_tokens + num_rows * width].view(num_rows, width)
     rows = buffer[num_tokens + num_rows * width :].view(3, num_rows)
     return PassLayout(num_tokens, buffer[:num_tokens], block_size, [], (block_tables, rows))
+
+
+def _padded_blocks(tables: list[list[int]], starts: list[int], lengths: list[int], members: Iterable[int],
+                   block_size: int) -> tuple[list[int], int]:
+    """The blocks each member row reads, padded with block 0 to the longest member's count, row after
+    row, and that count."""
+    row_blocks = [tables[r][: -(-(starts[r] + lengths[r]) // block_size)] for r in members]
+    width = max(map(len, row_blocks))
+    return [block for blocks in row_blocks for block in (*blocks, *[0] * (width - len(blocks)))], width
 
 
 def _group_rows(lengths: list[int]) -> list[list[int]]:
@@ -132,10 +139,8 @@ def _group_rows(lengths: list[int]) -> list[list[int]]:
 def _group(members: list[int], tables: list[list[int]], starts: list[int], lengths: list[int],
            offsets: list[int], block_size: int, device: torch.device) -> AttentionGroup:
     query_len = max(lengths[r] for r in members)
-    row_blocks = [tables[r][: -(-(starts[r] + lengths[r]) // block_size)] for r in members]
-    num_row_blocks = max(map(len, row_blocks))
-    padded = [blocks + [0] * (num_row_blocks - len(blocks)) for blocks in row_blocks]
-    kv_blocks = torch.tensor([block for blocks in padded for block in blocks], dtype=torch.long, device=device)
+    padded, num_row_blocks = _padded_blocks(tables, starts, lengths, members, block_size)
+    kv_blocks = torch.tensor(padded, dtype=torch.long, device=device)
     rows = torch.tensor([[offsets[r] for r in members], [lengths[r] for r in members], [starts[r] for r in members]],
                         device=device)
     starts_t = torch.tensor([starts[r] for r in members], device=device)  # [rows]
