@@ -1,9 +1,13 @@
-"""Planning and commit time at batch 128 on the simulator (the scheduler and commit step are the real
-ones; only the model passes are simulated): Σ plan_ms and Σ commit_ms over a job's rounds, per lookahead.
+"""The scheduler's and commit step's host time per round, on the simulator (the scheduler, commit
+step and round records are the real ones; only the model passes are simulated): plan, commit and
+the whole step (the simulated passes' bookkeeping included) in µs a round, per batch size and
+lookahead. On a real engine these are the host's share of every round, whatever the model: at 1 row
+the bundled pair's passes take ~0.5-0.8 ms, on a GPU less.
 
-Host timings: noisy on a shared machine (run it several times, compare medians, not single runs).
+Host timings: noisy on a shared machine (run it several times, compare medians, not single runs;
+for an A/B across revisions, alternate `PYTHONPATH=TREE` processes).
 
-    .venv/bin/python benchmarks/plan_commit_bench.py [--requests 512] [--repeats 3]
+    .venv/bin/python benchmarks/plan_commit_bench.py [--batch-sizes 1,8,32,128] [--requests 256] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import time
 
 from specbatch.config import load_config
 from specbatch.core import Row, SamplingParams
@@ -19,10 +24,12 @@ from specbatch.sched.costmodel import CPU_DEMO_PROFILE
 from specbatch.sim.acceptance import DomainAcceptance
 from specbatch.sim.worker import build_sim_engine
 
+LOOKAHEADS = ("fixed:0", "fixed:2", "adaptive")
 
-def job_ms(lookahead: str, num_requests: int, seed: int = 0) -> tuple[float, float, int]:
-    """(Σ plan_ms, Σ commit_ms, rounds) of one batch-128 job of num_requests requests."""
-    config = load_config(None, ["scheduler.max_batch_rows=128", "capacity.max_context=512",
+
+def job_us(lookahead: str, batch_rows: int, num_requests: int, seed: int = 0) -> tuple[float, float, float, int]:
+    """(plan, commit, whole step) in µs a round, and the rounds, of one job of num_requests requests."""
+    config = load_config(None, [f"scheduler.max_batch_rows={batch_rows}", "capacity.max_context=512",
                                 f"scheduler.lookahead={lookahead}", "drafter.kind=draft"])
     rng = random.Random(seed)
     rows = [Row(f"r{i}", [2 + rng.randrange(500) for _ in range(rng.randint(20, 120))],
@@ -33,21 +40,26 @@ def job_ms(lookahead: str, num_requests: int, seed: int = 0) -> tuple[float, flo
                                  recorder)
     for row in rows:
         engine.add(row)
+    started = time.perf_counter()
     engine.run()
+    step_us = (time.perf_counter() - started) * 1e6
     rounds = recorder.rounds
-    return sum(r.plan_ms for r in rounds), sum(r.commit_ms for r in rounds), len(rounds)
+    return (sum(r.plan_ms for r in rounds) * 1e3 / len(rounds), sum(r.commit_ms for r in rounds) * 1e3 / len(rounds),
+            step_us / len(rounds), len(rounds))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=512)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", default="1,8,32,128")
+    parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    for lookahead in ("fixed:0", "fixed:2", "adaptive"):
-        runs = [job_ms(lookahead, args.requests) for _ in range(args.repeats)]
-        plan, commit = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-        print(f"{lookahead:9s} rounds {runs[0][2]:5d}  plan {plan:8.1f} ms  commit {commit:8.1f} ms  "
-              f"(median of {args.repeats})")
+    for batch_rows in map(int, args.batch_sizes.split(",")):
+        for lookahead in LOOKAHEADS:
+            runs = [job_us(lookahead, batch_rows, args.requests) for _ in range(args.repeats)]
+            plan, commit, step = (statistics.median(run[i] for run in runs) for i in range(3))
+            print(f"rows {batch_rows:4d}  {lookahead:9s} rounds {runs[0][3]:5d}  µs a round: plan {plan:7.1f}  "
+                  f"commit {commit:7.1f}  step {step:7.1f}  (median of {args.repeats})", flush=True)
 
 
 if __name__ == "__main__":

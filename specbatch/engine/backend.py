@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from specbatch.core import PassShape, Proposals, RoundOutcome, RoundPlan, Row, RowOutcome
+from specbatch.engine.argmax import greedy_tokens
 from specbatch.engine.constraints import GrammarRuntime, MaskedCoupling
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.drafters import Drafter
@@ -188,8 +189,7 @@ class HFBackend:
     def _accept(self, rows: list[Row], ks: list[int], logits: torch.Tensor, windows: list[list[int]],
                 proposals: Proposals) -> list[RowOutcome]:
         """The acceptance rule per row over the verify logits [Σ window, vocab], rows in order."""
-        # [Σ window]; max's indices are argmax's (the first maximum, tested) at a quarter of its time on bf16
-        argmax = logits.max(dim=-1).indices.tolist()
+        argmax = greedy_tokens(logits)  # [Σ window]
         self._sync()
         outcomes, offset = [], 0
         for index, (row, k) in enumerate(zip(rows, ks, strict=True)):

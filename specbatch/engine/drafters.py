@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from specbatch.core import PassShape, Proposals, Row
+from specbatch.engine.argmax import greedy_tokens
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.forward import PagedModel, RowCache
 
@@ -106,7 +107,7 @@ class DraftModelDrafter(NoDrafter):
             assert logits is not None
             last = self._to_target_vocab(logits).to(self.target_device)  # [active rows, vocab]
             # greedy rows' drafts in one argmax and one copy to the host, not one of each per row
-            argmax = last.argmax(dim=-1).tolist() if any(rows[i].params.is_greedy for i in active) else []
+            argmax = greedy_tokens(last) if any(rows[i].params.is_greedy for i in active) else []
             for row_index, i in enumerate(active):
                 fed_to[i] += len(chunks[i])
                 proposals.num_fed[i] += len(chunks[i])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specbatch.core import PassShape, Proposals, Row
+from specbatch.engine.argmax import greedy_tokens
 from specbatch.engine.coupling import Coupling
 from specbatch.engine.eagle import EagleHead, sdpa_attend
 from specbatch.engine.forward import RowCache
@@ -190,7 +191,7 @@ class EagleDrafter:
         take the argmax over the draft vocabulary, mapped to a target id (the same token as the argmax
         over the target's vocabulary, where every other id is -inf), all rows with one transfer."""
         draft_logits = self.head.draft_logits(outputs)
-        greedy = draft_logits.argmax(dim=-1)
+        greedy = torch.tensor(greedy_tokens(draft_logits), device=draft_logits.device)
         greedy_ids = (greedy + self.head.d2t[greedy]).tolist()
         picks: list[tuple[int, torch.Tensor | None]] = []
         for index, (row, draft_index) in enumerate(zip(rows, draft_indices, strict=True)):

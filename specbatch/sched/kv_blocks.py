@@ -42,6 +42,7 @@ class _Holding:
     num_own: int = 0  # table blocks allocated for this row (the rest it shares: taken registered)
     num_reserved: int = 0  # own blocks this row may hold (worst case or next round)
     keys: list[int] = field(default_factory=list)  # chained keys of its leading full blocks, as far as known
+    num_draft_marked: int = 0  # leading blocks `register` marked as holding the draft model's KV too
 
 
 @dataclass
@@ -227,8 +228,12 @@ class KVBlocks:
                 block.tokens = tuple(row.token_ids[index * self.block_size : (index + 1) * self.block_size])
                 self.by_key[key] = holding.table[index]
             holding.keys.append(key)
-        for index in range(min(row.num_draft_computed, row.num_computed) // self.block_size):
+        # only blocks not marked before: a held block stays marked (only eviction clears it), and the
+        # blocks a prefilling row takes from others (`extend_shared`) lie past its computed positions
+        num_draft_full = min(row.num_draft_computed, row.num_computed) // self.block_size
+        for index in range(holding.num_draft_marked, num_draft_full):
             self.blocks[holding.table[index]].has_draft = True
+        holding.num_draft_marked = max(holding.num_draft_marked, num_draft_full)
 
     def free(self, request_id: str) -> None:
         """A row left (finished or preempted): drop its references; registered blocks stay cached."""

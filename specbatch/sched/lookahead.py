@@ -85,13 +85,24 @@ class _Batch:
                    wide_kv_ms=round_cost.cost.wide_kv_tokens_read if round_cost.flat else 0.0)
 
     def shape(self, ks: list[int]) -> DecodeShape:
-        drafting = [(k, lag) for k, lag, model in zip(ks, self.lags, self.models, strict=True) if k > 0 and model]
-        lookups = [lag for k, lag, model in zip(ks, self.index_lags, self.models, strict=True) if k > 0 and not model]
-        wide_starts = [start for start, k in zip(self.starts, ks, strict=True) if k > 0]
-        return DecodeShape(len(ks), self.max_start, max(ks, default=0), len(drafting),
-                           max((lag for _, lag in drafting), default=0), sum(k for k, _ in drafting),
-                           self.sum_start, sum(ks), sum(lag for _, lag in drafting), len(lookups), sum(lookups),
-                           len(wide_starts), sum(wide_starts))
+        """The batch at these ks (`DecodeShape.add` row by row, its totals already summed; the solve's
+        innermost step)."""
+        shape = DecodeShape(len(ks), self.max_start, max(ks, default=0), sum_start=self.sum_start, sum_all_k=sum(ks))
+        for k, start, lag, index_lag, model in zip(ks, self.starts, self.lags, self.index_lags, self.models,
+                                                   strict=True):
+            if k <= 0:
+                continue
+            shape.num_wide += 1
+            shape.sum_wide_start += start
+            if model:
+                shape.num_drafting += 1
+                shape.max_lag = max(shape.max_lag, lag)
+                shape.sum_k += k
+                shape.sum_lag += lag
+            else:
+                shape.num_lookup += 1
+                shape.sum_index_lag += index_lag
+        return shape
 
     def row_terms(self, index: int, rate: float, batch_lag: float = 0.0) -> tuple[float, float, float]:
         """(tokens one more draft position of row `index` costs at `rate` tokens per ms, its lag, and the

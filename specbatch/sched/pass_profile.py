@@ -201,15 +201,17 @@ def forecast_round(ctx: SchedContext, plan: RoundPlan, caps: list[int]) -> None:
     at the planned ks, and the limit their measured α (not its optimistic bound) allowed."""
     if not plan.decode:
         return
-    rows = [row for row, _ in plan.decode]
-    round_cost, starts = ctx.round_cost, [row.num_computed for row in rows]
+    rows, ks = [row for row, _ in plan.decode], [k for _, k in plan.decode]
+    round_cost = ctx.round_cost
+    plan.plain_ms = plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, [0] * len(rows)))
+    plan.limit_speedup = 1.0
+    if not any(caps):  # no row may draft (no drafter, or every row at its last token): plain decoding's round
+        return
     models = [ctx.drafts_with_model(row) for row in rows]
-    plan.plain_ms = round_cost.decode_ms(DecodeShape.of(rows, [0] * len(rows)))
-    ks = [k for _, k in plan.decode]
-    plan.predicted_ms = plan.plain_ms if not any(ks) else round_cost.decode_ms(
-        DecodeShape.of(rows, ks, models, [ctx.index_lag(row) for row in rows]))
-    plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps, starts,
-                                          models)
+    if any(ks):
+        plan.predicted_ms = round_cost.decode_ms(DecodeShape.of(rows, ks, models, [ctx.index_lag(row) for row in rows]))
+    plan.limit_speedup, _ = speedup_limit(round_cost, [min(ctx.alpha(row), 1.0) for row in rows], caps,
+                                          [row.num_computed for row in rows], models)
 
 
 def no_alpha_pays(round_cost: RoundCostModel, starts: list[int], max_k: int, uses_draft_model: bool,

@@ -41,7 +41,7 @@ from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.costmodel import CostModel
 
 
-@dataclass
+@dataclass(slots=True)
 class DecodeShape:
     """Aggregates of a verify batch that decide its cost; cheap to update row by row."""
 
@@ -68,8 +68,8 @@ class DecodeShape:
         shape = cls()
         for i, (row, k) in enumerate(zip(rows, ks, strict=True)):
             model = models is None or models[i]
-            lag = draft_lag(row) if model else index_lags[i] if index_lags else 0
-            shape.add(row.num_computed, k, lag if k else 0, model)
+            lag = 0 if not k else draft_lag(row) if model else index_lags[i] if index_lags else 0
+            shape.add(row.num_computed, k, lag, model)
         return shape
 
     def add(self, start: int, k: int, lag: float = 0, model: bool = True) -> None:

@@ -103,6 +103,8 @@ class Scheduler:
                 continue
             if any(row is r for r in result.preempted):
                 break  # a row preempted this round waits at least a round
+            if len(self.running) >= self.limits.max_batch_rows and not self.order.preemptive:
+                break  # no slot, and none to take: its prefix lookup (hashing its prompt) can wait
             shared = self.kv.lookup(row)
             if self._can_admit(row, need, shared):
                 self._admit(self.waiting.pop(now_s), need, shared, now_s, result)
