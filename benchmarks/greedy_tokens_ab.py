@@ -1,0 +1,86 @@
+"""Greedy tokens from a verify pass's logits: the C argmax (`engine/argmax.py`) against torch's
+`max(dim=-1).indices`, alternated in one process on the logits of real passes (rows x query positions
+after a context of --context), the tokens checked equal; beside them the pass that made the logits,
+so each side's share of a round shows. Run it alone: two torch processes on two cores slow each other
+several times over.
+
+    python benchmarks/greedy_tokens_ab.py --model smollm2-135m --dtype bfloat16,float32 --rows 1,8,32 --query 1,5
+    python benchmarks/greedy_tokens_ab.py --model specbatch/models/demo/target
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from specbatch.engine.argmax import greedy_tokens
+from specbatch.engine.forward import PagedModel
+from specbatch.engine.gguf_models import model_dir
+from specbatch.engine.loading import kv_shape
+from specbatch.engine.native_llama import NativeLlama
+from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
+
+BLOCK = 16
+
+
+def median_ms(run: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a model name the engine resolves, or a directory")
+    parser.add_argument("--dtype", default="bfloat16,float32")
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--query", default="1,5")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    path = Path(args.model) if Path(args.model).is_dir() else model_dir(args.model)
+    rows_list, queries = [int(rows) for rows in args.rows.split(",")], [int(q) for q in args.query.split(",")]
+    print(f"{'dtype':9} {'rows':>4} {'query':>6} {'pass ms':>8} {'torch ms':>9} {'kernel ms':>10} {'ratio':>6} "
+          f"{'torch share':>11}")
+    for dtype_name in args.dtype.split(","):
+        dtype = getattr(torch, dtype_name)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME).eval()
+        shape = kv_shape(model)
+        num_blocks = max(rows_list) * -(-(args.context + max(queries)) // BLOCK)
+        cache = PagedKVCache(shape.num_layers, num_blocks, BLOCK, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
+        paged = PagedModel(model, cache, native=NativeLlama(model))
+        vocab = model.config.vocab_size
+        for rows in rows_list:
+            tables = paged.scratch_tables(rows, args.context + max(queries))
+            prompt = [[11 + (7 * position + row) % 500 for position in range(args.context)] for row in range(rows)]
+            paged.forward(tables, [0] * rows, prompt, keep_logits=False)
+            for query in queries:
+                chunks = [[17 + row] * query for row in range(rows)]
+
+                def verify_pass() -> torch.Tensor:
+                    logits, _ = paged.forward(tables, [args.context] * rows, chunks)
+                    assert logits is not None
+                    return logits[:, :vocab]
+                logits = verify_pass()
+                assert greedy_tokens(logits) == logits.max(dim=-1).indices.tolist(), "the kernel chose another token"
+                pass_ms = median_ms(verify_pass, args.repeats)
+                torch_ms, kernel_ms = [], []
+                for _ in range(args.repeats):  # alternated: the same machine state for both
+                    torch_ms.append(median_ms(lambda: logits.max(dim=-1).indices.tolist(), 1))
+                    kernel_ms.append(median_ms(lambda: greedy_tokens(logits), 1))
+                t, k = statistics.median(torch_ms), statistics.median(kernel_ms)
+                print(f"{dtype_name:9} {rows:4} {query:6} {pass_ms:8.2f} {t:9.3f} {k:10.3f} {k / t:6.3f} "
+                      f"{t / (pass_ms + t):11.1%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
