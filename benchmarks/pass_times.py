@@ -2,8 +2,10 @@
 them (`hf_backend`), decode-shaped (rows × query positions after `--context` positions), µs per pass,
 the median of `--passes`, each shape measured `--rounds` times in turn. To compare revisions, run it
 from each revision's tree in turn (`PYTHONPATH=TREE`, as `benchmarks/plain_jobs.py` says), alternating.
+Several `--contexts` show what attention over the KV adds to a pass (the rest is the weights' GEMMs).
 
     python benchmarks/pass_times.py [--set models.dtype=bfloat16] [--set models.target=smollm2-135m]
+    python benchmarks/pass_times.py --set models.target=smollm2-135m --shapes 32x1 --contexts 16,256,1024 --passes 9
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from specbatch.engine.build import hf_backend
 from specbatch.engine.cost_profile import time_pass
 from specbatch.lab.bench import load_models_for
 
-SHAPES = ((1, 1), (8, 1), (1, 5))  # (rows, query positions)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
-    parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--shapes", default="1x1,8x1,1x5", help="rows x query positions, comma-separated")
+    parser.add_argument("--contexts", default="160", help="positions before the query, comma-separated")
     parser.add_argument("--passes", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    config = load_config(None, [*args.overrides, "scheduler.max_batch_rows=8", "drafter.kind=draft"])
+    shapes = [tuple(int(part) for part in shape.split("x")) for shape in args.shapes.split(",")]
+    contexts = [int(context) for context in args.contexts.split(",")]
+    config = load_config(None, [*args.overrides, f"scheduler.max_batch_rows={max(rows for rows, _ in shapes)}",
+                                "drafter.kind=draft"])
     drafts = config.models.draft is not None
     config = config.model_copy(update={"drafter": config.drafter.model_copy(update={"kind": "draft" if drafts
                                                                                      else "none"})})
@@ -39,10 +44,10 @@ def main() -> None:
     times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for name, model in steps.items():
-            for rows, query_len in SHAPES:
-                key = f"{name} {rows}x{query_len}"
+            for (rows, query_len), context in ((shape, context) for shape in shapes for context in contexts):
+                key = f"{name} {rows}x{query_len}" + (f" after {context}" if len(contexts) > 1 else "")
                 role = "draft" if name == "draft" else "target"  # a draft step keeps only its last logits
-                timing = time_pass(model, rows, query_len, args.context, args.passes, role)
+                timing = time_pass(model, rows, query_len, context, args.passes, role)
                 times.setdefault(key, []).append(timing.ms * 1000)
     print(json.dumps({key: round(statistics.median(values), 1) for key, values in times.items()}))
 
