@@ -388,6 +388,33 @@ def test_a_trial_catches_up_only_the_rows_whose_catch_ups_cost_a_plain_round_tog
     assert sum(0.05 * 100 * i for i in drafting) <= plain_ms
 
 
+def test_a_comparisons_trials_catch_up_a_plain_rounds_worth_in_all():
+    """The rows a comparison's first trial caught up draft again at almost no price; rows whose
+    indexes lag by whole prompts join only within what is left of one plain round (a plain round per
+    drafting round caught up 1,747 draft rows for 6 proposals in a bundled few-shot job at 32 rows);
+    the next comparison starts afresh."""
+    timed = replace(CPU_DEMO_PROFILE, measured_target=True, lookup_tokens=0.05)
+    refitted = replace(timed, wide_kv_tokens_read=1.0)
+    ctx = SchedContext(RoundCostModel(refitted, uses_draft_model=False), max_lookahead=4,
+                       draft=DraftControl(OnlineCostFit(timed, draft_model=False), DraftGate()),
+                       drafter_kinds=("suffix",), indexing_drafter_kinds=frozenset({"suffix"}))
+    rows = [make_row(f"r{i}", 800, 100, history=GOOD, num_output=10) for i in range(8)]
+    for i, row in enumerate(rows):
+        row.num_indexed = row.num_tokens - 1 - 100 * i
+    gate = ctx.draft.gate
+    assert gate is not None
+    gate.comparing = True
+    policy = AdaptiveLookahead(ctx)
+    first = [i for i, k in enumerate(policy.choose(rows, [4] * 8)) if k]
+    assert 0 < len(first) < 8 and gate.trial_catch_up_ms == sum(0.05 * 100 * i for i in first)
+    for i in first:
+        rows[i].num_indexed = rows[i].num_tokens - 1  # caught up by the first trial
+    again = [i for i, k in enumerate(policy.choose(rows, [4] * 8)) if k]
+    assert again == first  # the next row's catch-up did not fit in the first's: it waits
+    gate._decide()  # the comparison ends
+    assert gate.trial_catch_up_ms == 0.0
+
+
 def test_a_planned_draft_the_drafter_did_not_propose_counts_as_a_stop():
     """A lookup proposes only what its match holds: k = 4 planned, 2 proposed and accepted commits 3
     tokens, as a rejection after 2 would. Counted as no rejection, α was the acceptance of proposed

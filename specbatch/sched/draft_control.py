@@ -170,7 +170,8 @@ class DraftGate:
     included, beyond what plain decoding takes for their tokens) may cost `max_loss_share` of the
     engine time so far; past it a comparison drafting is losing by a standard error ends at once,
     and after a plain choice the next one waits until the share is back under. Where the policy's
-    model prefers plain decoding, drafting rounds may draft a trial (`note_trial`).
+    model prefers plain decoding, drafting rounds may draft a trial (`note_trial`), whose catch-ups cost a
+    comparison at most a plain round in all (`trial_catch_up_ms`).
 
     Invariant: the gate only chooses between the policy's drafts and none; it never changes what a
     row outputs, and a wrong call costs at most the next interval."""
@@ -209,6 +210,8 @@ class DraftGate:
     _drafting: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # this comparison's (tokens, ms)
     _trial: bool = field(default=False, init=False)  # whether this comparison's drafts are a trial (`note_trial`)
     _drafted: bool = field(default=False, init=False)  # whether this comparison's drafting rounds planned drafts
+    # what this comparison's trials spent catching rows up, priced (`AdaptiveLookahead._trial`: a plain round in all)
+    trial_catch_up_ms: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self.interval = self.min_interval
@@ -337,3 +340,4 @@ class DraftGate:
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}
         self._trial = self._drafted = False
+        self.trial_catch_up_ms = 0.0
