@@ -29,13 +29,25 @@ from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
 BLOCK = 16
 
 
-def median_ms(run: Callable[[], object], repeats: int) -> float:
+def median_ms(repeats: int, run: Callable[..., object], *args: object) -> float:
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        run()
+        run(*args)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
+
+
+def torch_tokens(logits: torch.Tensor) -> list[int]:
+    return logits.max(dim=-1).indices.tolist()
+
+
+def verify_logits(paged: PagedModel, tables: list[list[int]], starts: list[int], chunks: list[list[int]],
+                  vocab: int) -> torch.Tensor:
+    """One verify pass's logits over the vocabulary (the model's output layer may be padded past it)."""
+    logits, _ = paged.forward(tables, starts, chunks)
+    assert logits is not None
+    return logits[:, :vocab]
 
 
 def main() -> None:
@@ -65,18 +77,14 @@ def main() -> None:
             paged.forward(tables, [0] * rows, prompt, keep_logits=False)
             for query in queries:
                 chunks = [[17 + row] * query for row in range(rows)]
-
-                def verify_pass() -> torch.Tensor:
-                    logits, _ = paged.forward(tables, [args.context] * rows, chunks)
-                    assert logits is not None
-                    return logits[:, :vocab]
-                logits = verify_pass()
-                assert greedy_tokens(logits) == logits.max(dim=-1).indices.tolist(), "the kernel chose another token"
-                pass_ms = median_ms(verify_pass, args.repeats)
+                starts = [args.context] * rows
+                logits = verify_logits(paged, tables, starts, chunks, vocab)
+                assert greedy_tokens(logits) == torch_tokens(logits), "the kernel chose another token"
+                pass_ms = median_ms(args.repeats, verify_logits, paged, tables, starts, chunks, vocab)
                 torch_ms, kernel_ms = [], []
                 for _ in range(args.repeats):  # alternated: the same machine state for both
-                    torch_ms.append(median_ms(lambda: logits.max(dim=-1).indices.tolist(), 1))
-                    kernel_ms.append(median_ms(lambda: greedy_tokens(logits), 1))
+                    torch_ms.append(median_ms(1, torch_tokens, logits))
+                    kernel_ms.append(median_ms(1, greedy_tokens, logits))
                 t, k = statistics.median(torch_ms), statistics.median(kernel_ms)
                 print(f"{dtype_name:9} {rows:4} {query:6} {pass_ms:8.2f} {t:9.3f} {k:10.3f} {k / t:6.3f} "
                       f"{t / (pass_ms + t):11.1%}", flush=True)

@@ -20,7 +20,6 @@ from specbatch.engine.cost_profile import time_pass
 from specbatch.lab.bench import load_models_for
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
