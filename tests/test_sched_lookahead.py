@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from sched_engine_helpers import make_row, make_scheduler
 
-from specbatch.core import RoundOutcome, RowOutcome
+from specbatch.core import RoundOutcome, Row, RowOutcome
 from specbatch.sched.buckets import ShapeBuckets
 from specbatch.sched.commit import commit_round
 from specbatch.sched.context import SchedContext
@@ -367,32 +367,10 @@ def test_a_comparison_drafts_a_trial_where_the_refit_prices_verify_passes_above_
     assert ks == [0] * 8 and not gate._trial
 
 
-def test_a_trial_catches_up_only_the_rows_whose_catch_ups_cost_a_plain_round_together():
-    """Catching up every row's suffix index in a trial cost a simulated job where drafting ties 1.5%
-    (dear indexing): rows whose indexes lag by whole prompts wait, cheapest first."""
-    timed = replace(CPU_DEMO_PROFILE, measured_target=True, lookup_tokens=0.05)
-    refitted = replace(timed, wide_kv_tokens_read=1.0)
-    ctx = SchedContext(RoundCostModel(refitted, uses_draft_model=False), max_lookahead=4,
-                       draft=DraftControl(OnlineCostFit(timed, draft_model=False), DraftGate()),
-                       drafter_kinds=("suffix",), indexing_drafter_kinds=frozenset({"suffix"}))
-    rows = [make_row(f"r{i}", 800, 100, history=GOOD, num_output=10) for i in range(8)]
-    for i, row in enumerate(rows):
-        row.num_indexed = row.num_tokens - 1 - 100 * i  # row i's index lags by 100·i tokens
-    plain_ms = ctx.round_cost.decode_ms(DecodeShape.of(rows, [0] * 8))
-    gate = ctx.draft.gate
-    assert gate is not None
-    gate.comparing = True
-    ks = AdaptiveLookahead(ctx).choose(rows, [4] * 8)
-    drafting = [i for i, k in enumerate(ks) if k]
-    assert drafting == list(range(len(drafting))) and 0 < len(drafting) < 8  # cheapest first, not all
-    assert sum(0.05 * 100 * i for i in drafting) <= plain_ms
-
-
-def test_a_comparisons_trials_catch_up_a_plain_rounds_worth_in_all():
-    """The rows a comparison's first trial caught up draft again at almost no price; rows whose
-    indexes lag by whole prompts join only within what is left of one plain round (a plain round per
-    drafting round caught up 1,747 draft rows for 6 proposals in a bundled few-shot job at 32 rows);
-    the next comparison starts afresh."""
+def _comparing_over_lagging_indexes() -> tuple[SchedContext, list[Row], DraftGate]:
+    """A comparison's drafting block where the refit prices verifying far above the passes timed at the
+    start (so the policy drafts only trials), over 8 rows whose suffix indexes lag by 100·i tokens,
+    each token indexed at 0.05 ms."""
     timed = replace(CPU_DEMO_PROFILE, measured_target=True, lookup_tokens=0.05)
     refitted = replace(timed, wide_kv_tokens_read=1.0)
     ctx = SchedContext(RoundCostModel(refitted, uses_draft_model=False), max_lookahead=4,
@@ -404,6 +382,26 @@ def test_a_comparisons_trials_catch_up_a_plain_rounds_worth_in_all():
     gate = ctx.draft.gate
     assert gate is not None
     gate.comparing = True
+    return ctx, rows, gate
+
+
+def test_a_trial_catches_up_only_the_rows_whose_catch_ups_cost_a_plain_round_together():
+    """Catching up every row's suffix index in a trial cost a simulated job where drafting ties 1.5%
+    (dear indexing): rows whose indexes lag by whole prompts wait, cheapest first."""
+    ctx, rows, _ = _comparing_over_lagging_indexes()
+    plain_ms = ctx.round_cost.decode_ms(DecodeShape.of(rows, [0] * 8))
+    ks = AdaptiveLookahead(ctx).choose(rows, [4] * 8)
+    drafting = [i for i, k in enumerate(ks) if k]
+    assert drafting == list(range(len(drafting))) and 0 < len(drafting) < 8  # cheapest first, not all
+    assert sum(0.05 * 100 * i for i in drafting) <= plain_ms
+
+
+def test_a_comparisons_trials_catch_up_a_plain_rounds_worth_in_all():
+    """The rows a comparison's first trial caught up draft again at almost no price; rows whose
+    indexes lag by whole prompts join only within what is left of one plain round (a plain round per
+    drafting round caught up 1,747 draft rows for 6 proposals in a bundled few-shot job at 32 rows);
+    the next comparison starts afresh."""
+    ctx, rows, gate = _comparing_over_lagging_indexes()
     policy = AdaptiveLookahead(ctx)
     first = [i for i, k in enumerate(policy.choose(rows, [4] * 8)) if k]
     assert 0 < len(first) < 8 and gate.trial_catch_up_ms == sum(0.05 * 100 * i for i in first)
