@@ -227,8 +227,8 @@ class AdaptiveLookahead:
         round_cost, gate = self.ctx.round_cost, self.ctx.draft.gate
         if not self._measured_passes_say_drafting_pays(batch, rows):
             return [0 for _ in rows]
-        comparing = gate is not None and gate.comparing
-        budget = len(rows) / plain_rate - (gate.trial_catch_up_ms if gate is not None and comparing else 0.0)
+        spent_before = gate.trial_catch_up_ms if gate is not None and gate.comparing else 0.0  # this comparison's
+        budget = len(rows) / plain_rate - spent_before
         catch_ups = [round_cost.draft_position_ms * (draft_lag(row) - 1) if model
                      else round_cost.cost.lookup_tokens * self.ctx.index_lag(row)
                      for row, model in zip(rows, batch.models, strict=True)]
@@ -246,7 +246,7 @@ class AdaptiveLookahead:
             uniform = [min(cap, k_max) for cap in caps]
             plans.append((trial.tokens(uniform) / round_cost.decode_ms(trial.shape(uniform)), uniform))
         ks = max((plan for plan in plans if any(plan[1])), key=lambda plan: plan[0])[1]
-        if gate is not None and comparing:
+        if gate is not None and gate.comparing:
             gate.trial_catch_up_ms += sum(catch_up for catch_up, k in zip(catch_ups, ks, strict=True) if k)
         return ks
 

@@ -11,8 +11,6 @@
  * each contiguous. Built by specbatch/engine/argmax.py. */
 #include <stdint.h>
 
-#include "bfloat16.h"
-
 #define BLOCK 256
 
 /* float bits as an integer that orders as the floats do (NaN aside; -0.0 below 0.0) */
