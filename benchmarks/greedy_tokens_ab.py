@@ -10,23 +10,15 @@ several times over.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from layer_loop_ab import native_paged_model, pass_arguments  # this folder's: run as a script
 
 from specbatch.engine.argmax import greedy_tokens
 from specbatch.engine.forward import PagedModel
-from specbatch.engine.gguf_models import model_dir
-from specbatch.engine.loading import kv_shape
-from specbatch.engine.native_llama import NativeLlama
-from specbatch.engine.paged_cache import ATTENTION_NAME, PagedKVCache
-
-BLOCK = 16
 
 
 def median_ms(repeats: int, run: Callable[..., object], *args: object) -> float:
@@ -51,26 +43,15 @@ def verify_logits(paged: PagedModel, tables: list[list[int]], starts: list[int],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m", help="a model name the engine resolves, or a directory")
-    parser.add_argument("--dtype", default="bfloat16,float32")
-    parser.add_argument("--rows", default="1,8,32")
-    parser.add_argument("--query", default="1,5")
-    parser.add_argument("--context", type=int, default=256)
+    parser = pass_arguments(__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args()
-    path = Path(args.model) if Path(args.model).is_dir() else model_dir(args.model)
     rows_list, queries = [int(rows) for rows in args.rows.split(",")], [int(q) for q in args.query.split(",")]
     print(f"{'dtype':9} {'rows':>4} {'query':>6} {'pass ms':>8} {'torch ms':>9} {'kernel ms':>10} {'ratio':>6} "
           f"{'torch share':>11}")
     for dtype_name in args.dtype.split(","):
-        dtype = getattr(torch, dtype_name)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME).eval()
-        shape = kv_shape(model)
-        num_blocks = max(rows_list) * -(-(args.context + max(queries)) // BLOCK)
-        cache = PagedKVCache(shape.num_layers, num_blocks, BLOCK, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
-        paged = PagedModel(model, cache, native=NativeLlama(model))
-        vocab = model.config.vocab_size
+        paged, _, vocab = native_paged_model(args.model, getattr(torch, dtype_name), max(rows_list),
+                                             args.context + max(queries))
         for rows in rows_list:
             tables = paged.scratch_tables(rows, args.context + max(queries))
             prompt = [[11 + (7 * position + row) % 500 for position in range(args.context)] for row in range(rows)]

@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -48,30 +49,48 @@ def side_by_side(model: PagedModel, native: NativeLlama, tables: list[list[int]]
     return statistics.median(times[True]) * 1000, statistics.median(times[False]) * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def pass_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark over decode-shaped passes of one model: which model and dtypes, the
+    rows × query positions, the context before them."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="smollm2-135m", help="a model name the engine resolves, or a directory")
     parser.add_argument("--dtype", default="bfloat16,float32")
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--query", default="1,5")
     parser.add_argument("--context", type=int, default=256)
+    return parser
+
+
+class NativePagedModel(NamedTuple):
+    paged: PagedModel
+    native: NativeLlama
+    vocab_size: int  # the logits' columns past it are the output layer's padding
+
+
+def native_paged_model(name: str, dtype: torch.dtype, max_rows: int, max_positions: int) -> NativePagedModel:
+    """The model (`name`: one the engine resolves, or a directory) on its native step over a paged cache
+    with room for `max_rows` rows of `max_positions` positions."""
+    path = Path(name) if Path(name).is_dir() else model_dir(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME).eval()
+    shape = kv_shape(model)
+    num_blocks = max_rows * -(-max_positions // BLOCK)
+    cache = PagedKVCache(shape.num_layers, num_blocks, BLOCK, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
+    native = NativeLlama(model)
+    return NativePagedModel(PagedModel(model, cache, native=native), native, model.config.vocab_size)
+
+
+def main() -> None:
+    parser = pass_arguments(__doc__.splitlines()[0])
     parser.add_argument("--prefill", action="store_true", help="also whole prompts of --context tokens")
     parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
-    path = Path(args.model) if Path(args.model).is_dir() else model_dir(args.model)
     rows_list = [int(rows) for rows in args.rows.split(",")]
     print(f"{'dtype':9} {'rows':>4} {'query':>6} {'python ms':>10} {'C loop ms':>10} {'ratio':>6}")
     for dtype_name in args.dtype.split(","):
-        dtype = getattr(torch, dtype_name)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME).eval()
-        shape = kv_shape(model)
-        num_blocks = max(rows_list) * -(-(args.context + 16) // BLOCK)
-        cache = PagedKVCache(shape.num_layers, num_blocks, BLOCK, shape.num_kv_heads, shape.head_dim, dtype, "cpu")
-        native = NativeLlama(model)
+        paged, native, _ = native_paged_model(args.model, getattr(torch, dtype_name), max(rows_list), args.context + 16)
         if native.loop is None:
             print(f"{dtype_name}: the C loop does not serve this model here")
             continue
-        paged = PagedModel(model, cache, native=native)
         for rows in rows_list:
             tables = paged.scratch_tables(rows, args.context + max(int(q) for q in args.query.split(",")))
             prompt = [[11 + position % 50 for position in range(args.context)] for _ in range(rows)]
