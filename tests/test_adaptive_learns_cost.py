@@ -113,6 +113,24 @@ def test_fills_tell_the_draft_models_passes_from_its_rows_at_batch_1():
     assert fit.knows_draft_cost and learnt.mape is not None and learnt.mape < 0.05
 
 
+def test_refits_between_draft_timings_fit_what_a_fit_from_scratch_would():
+    """The draft coefficients' fit is kept while no round adds a draft timing (a gate's plain rounds):
+    every refit, drafting rounds and plain stretches mixed, equals a fit that kept nothing."""
+    fit, noise = OnlineCostFit(CPU_DEMO_PROFILE, refit_every=1), random.Random(1)
+    base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})
+    for i in range(120):
+        k = noise.choice((0, 0, 0, 2, 3)) if i % 40 < 20 else 0  # stretches of plain rounds
+        fill = 50 + i if i % 9 == 0 else 0
+        fit.observe(replace(base, num_target_passes=1, num_target_rows=8 * (1 + k) + fill, num_kv_tokens_read=300 + i,
+                            num_draft_passes=k + bool(fill), num_draft_rows=8 * k + fill,
+                            draft_ms=(2.0 * k + 0.05 * 8 * k) * noise.uniform(0.9, 1.1),
+                            round_ms=(5.0 + 0.1 * (8 * (1 + k) + fill) + 2.2 * k) * noise.uniform(0.9, 1.1)),
+                    fill, (2.0 + 0.05 * fill) * noise.uniform(0.9, 1.1))
+        kept = fit.fit()
+        fit._draft_fit = (-1, {})  # nothing kept: the draft window fitted again
+        assert kept == fit.fit()
+
+
 def test_refits_grow_rarer_once_the_draft_cost_is_known_but_never_past_half_a_window():
     fit = OnlineCostFit(CPU_DEMO_PROFILE)
     base = RoundRecord(**{name: 0 for name in RoundRecord.__dataclass_fields__})

@@ -14,7 +14,7 @@ from specbatch.loop import MemoryRecorder
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.draft_control import DraftGate
 from specbatch.sched.drafter_choice import DrafterAlphas, _gain, choose_drafters
-from specbatch.sched.estimates import AcceptanceStats, expected_tokens
+from specbatch.sched.estimates import AcceptanceStats, AlphaTracker, expected_tokens
 from specbatch.sched.roundcost import RoundCostModel
 from specbatch.sim.acceptance import DomainAcceptance
 from specbatch.sim.worker import build_sim_engine
@@ -42,6 +42,33 @@ def test_alpha_is_counted_per_row_and_drafter():
     assert alphas.alpha_of(_row("c", "chat"), "ngram") == 0.5  # another domain's
     alphas.forget(row)
     assert alphas.alpha_of(row, "ngram") == alphas.alpha_of(other, "ngram")
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_kept_estimates_equal_fresh_ones_after_every_commit(several: bool):
+    """Trackers keep each α̂ until a commit changes it: reads between commits, rows with and without
+    history, in two domains, must equal what a tracker counting from scratch gives."""
+    rng = random.Random(3)
+    stats = AcceptanceStats()
+    kept = DrafterAlphas(stats, kinds=KINDS) if several else AlphaTracker(stats)
+    rows = [_row(f"r{i}", "code" if i % 2 else "chat") for i in range(6)]
+    for i, row in enumerate(rows):
+        row.drafter = KINDS[i % len(KINDS)]
+    observed: list[tuple[Row, int, int]] = []
+    for _ in range(60):
+        row, k = rng.choice(rows), rng.randint(1, 4)
+        num_accepted = rng.randint(0, k)
+        row.accept_history.append((num_accepted, k))  # the commit step's order (`commit._commit_verified`)
+        stats.observe(row.domain, k, num_accepted)
+        kept.observe_drafts(row, k, num_accepted)
+        observed.append((row, k, num_accepted))
+        fresh = DrafterAlphas(AcceptanceStats(), kinds=KINDS) if several else AlphaTracker(AcceptanceStats())
+        for past_row, past_k, past_accepted in observed:
+            fresh.stats.observe(past_row.domain, past_k, past_accepted)
+            fresh.observe_drafts(past_row, past_k, past_accepted)
+        for _ in range(2):  # a second read comes from what the first kept
+            assert [kept.alpha(r) for r in rows] == [fresh.alpha(r) for r in rows]
+            assert kept.alpha(_row("new", "code")) == fresh.alpha(_row("new", "code"))
 
 
 def test_each_row_takes_the_drafter_worth_most_at_plain_decodings_price():

@@ -43,13 +43,15 @@ class _Counts:
 @dataclass
 class DrafterAlphas(AlphaTracker):
     """α per row *and drafter*: counted at commit (`observe_drafts`) under the drafter the row drafted
-    with, job-wide per (domain, drafter); a row's α is that of its current drafter (`Row.drafter`)."""
+    with, job-wide per (domain, drafter); a row's α is that of its current drafter (`Row.drafter`).
+    Estimates are kept until the next commit counts drafts (as `AlphaTracker` keeps its own)."""
 
     kinds: tuple[str, ...] = ()  # the configured drafters, in order
     model_kinds: frozenset[str] = frozenset()  # those that run a model
     job_prior_weight: float = 8.0
     _job: dict[tuple[str, str], _Counts] = field(default_factory=dict)  # (domain, kind)
     _own: dict[tuple[str, str], _Counts] = field(default_factory=dict)  # (request id, kind)
+    _estimates: dict[tuple[str, str], float] = field(default_factory=dict)  # (request id, kind): α̂ since then
 
     def kind(self, row: Row) -> str:
         return row.drafter if row.drafter in self.kinds else self.kinds[0]
@@ -58,6 +60,7 @@ class DrafterAlphas(AlphaTracker):
         return self.kind(row) in self.model_kinds
 
     def observe_drafts(self, row: Row, k: int, num_accepted: int) -> None:
+        self._estimates.clear()
         rejected = int(num_accepted < k)
         kind = self.kind(row)
         for counts in (self._job.setdefault((row.domain, kind), _Counts()),
@@ -66,10 +69,14 @@ class DrafterAlphas(AlphaTracker):
             counts.num_rejections += rejected
 
     def alpha_of(self, row: Row, kind: str) -> float:
-        job = self._job.get((row.domain, kind), _Counts())
-        job_alpha = shrunk_alpha(job.num_accepted, job.num_rejections, self.stats.prior, self.job_prior_weight)
-        own = self._own.get((row.request_id, kind), _Counts())
-        return shrunk_alpha(own.num_accepted, own.num_rejections, job_alpha, self.row_prior_weight)
+        estimate = self._estimates.get((row.request_id, kind))
+        if estimate is None:
+            job = self._job.get((row.domain, kind), _Counts())
+            job_alpha = shrunk_alpha(job.num_accepted, job.num_rejections, self.stats.prior, self.job_prior_weight)
+            own = self._own.get((row.request_id, kind), _Counts())
+            estimate = self._estimates[row.request_id, kind] = shrunk_alpha(own.num_accepted, own.num_rejections,
+                                                                            job_alpha, self.row_prior_weight)
+        return estimate
 
     def optimistic_alpha_of(self, row: Row, kind: str, z: float) -> float:
         alpha = self.alpha_of(row, kind)
@@ -92,6 +99,7 @@ class DrafterAlphas(AlphaTracker):
     def forget(self, row: Row) -> None:
         for kind in self.kinds:
             self._own.pop((row.request_id, kind), None)
+            self._estimates.pop((row.request_id, kind), None)
 
 
 def choose_drafters(alphas: AlphaTracker, round_cost: RoundCostModel, rows: list[Row], caps: list[int],

@@ -80,6 +80,10 @@ class OnlineCostFit:
     _next_refit: int = field(default=0, init=False)  # num_seen at the next refit
     _rounds: np.ndarray = field(init=False, repr=False)  # a ring of the last `window` rounds' rows
     _fitted_on_drafted: int = field(default=0, init=False)  # drafting phases the current model saw
+    _num_draft_timings: int = field(default=0, init=False)  # timings ever appended to `drafted`
+    # the draft coefficients' last fit, and `_num_draft_timings` then: rounds that did not draft leave
+    # the draft window as it was, so a gate's plain rounds refit the target's coefficients alone
+    _draft_fit: tuple[int, dict[str, float]] = field(default=(-1, {}), init=False)
 
     def __post_init__(self) -> None:
         self.current, self._next_refit = self.prior, self.refit_every
@@ -106,10 +110,12 @@ class OnlineCostFit:
             *lookups, record.round_ms, record.draft_ms + draft_prefill_ms)
         if fill_passes:
             self.drafted.append(_DraftTiming(fill_passes, num_draft_prefill_positions, 0, 0, draft_prefill_ms, 0.0))
+            self._num_draft_timings += 1
         model_passes = record.num_draft_passes - fill_passes
         if model_passes > 0 or record.num_lookup_rows > 0:
             self.drafted.append(_DraftTiming(model_passes, draft_positions - num_draft_prefill_positions, *lookups,
                                              record.draft_ms, float(model_passes > 0)))
+            self._num_draft_timings += 1
         self.num_seen += 1
         if self.num_seen < self._next_refit:
             return None
@@ -142,8 +148,11 @@ class OnlineCostFit:
     def fit(self) -> CostModel:
         values = {name: getattr(self.current, name) for name in (*TARGET, *DRAFT)}
         if self.drafted:
-            drafted = np.asarray(self.drafted, dtype=float)
-            values.update(self._ridge(DRAFT, drafted[:, DRAFT_FEATURES], drafted[:, DRAFT_TIMING_MS]))
+            if self._draft_fit[0] != self._num_draft_timings:
+                drafted = np.asarray(self.drafted, dtype=float)
+                self._draft_fit = (self._num_draft_timings,
+                                   self._ridge(DRAFT, drafted[:, DRAFT_FEATURES], drafted[:, DRAFT_TIMING_MS]))
+            values.update(self._draft_fit[1])
         window = self.rounds
         target_ms = np.maximum(window[:, ROUND_MS] - window[:, DRAFT_MS], 1e-3)
         values.update(self._ridge(TARGET, window[:, TARGET_FEATURES], target_ms))
