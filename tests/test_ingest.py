@@ -177,6 +177,20 @@ def test_utf8_bom_and_crlf(tmp_path: Path) -> None:
     assert [(r["prompt"], r["drop_reason"]) for r in rows] == [("first", None), ("second", None)]
 
 
+@pytest.mark.parametrize("content", [b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n\n  \n"])
+def test_a_bom_and_blank_lines_hold_no_record(tmp_path: Path, content: bytes) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(content)
+    assert run(dataset, tmp_path) == []
+
+
+def test_a_bom_before_a_blank_first_line_is_not_a_record(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b"\xef\xbb\xbf\n" + jl(id="x", prompt="hi") + b"\n")
+    rows = run(dataset, tmp_path)
+    assert [(r["request_id"], r["position"], r["drop_reason"]) for r in rows] == [("x", 1, None)]
+
+
 def test_line_without_newline_over_the_limit(tmp_path: Path) -> None:
     dataset = tmp_path / "d.jsonl"
     dataset.write_bytes(jl(prompt="ok") + b"\n" + b"y" * 25_000)

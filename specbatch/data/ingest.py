@@ -155,8 +155,15 @@ def iter_json_lines(path: Path | str, max_record_bytes: int = MAX_RECORD_BYTES) 
 
 
 def _lines(file: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
-    """Lines as bytes; a line over `max_bytes` (newline excluded) is consumed in chunks -> None."""
+    """Lines as bytes; a line over `max_bytes` (newline excluded) is consumed in chunks -> None.
+
+    A UTF-8 byte order mark (some editors write one) is dropped from the first line here, before
+    anyone asks whether that line is blank: a file of a BOM and blank lines holds no record.
+    """
+    first = True
     while line := file.readline(max_bytes + 1):
+        if first:
+            line, first = line.removeprefix(_BOM), False
         if len(line) <= max_bytes or line.endswith(b"\n"):
             yield line
             continue
@@ -171,8 +178,6 @@ def _parse_line(position: int, line: bytes) -> RawRecord:
     except UnicodeDecodeError as error:
         message = f"line is not valid UTF-8 (byte {error.start}: {error.reason})"
         return RawRecord(position, drop_reason="invalid_utf8", drop_message=message)
-    if position == 0:
-        text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark some editors write
     try:
         return RawRecord(position, json.loads(text))
     except (ValueError, RecursionError) as error:  # JSONDecodeError, int digit limit, deep nesting
@@ -180,6 +185,7 @@ def _parse_line(position: int, line: bytes) -> RawRecord:
         return RawRecord(position, drop_reason="invalid_json", drop_message=message)
 
 
+_BOM = b"\xef\xbb\xbf"
 _COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
                (b"\xfd7zXZ\x00", "xz"))
 
