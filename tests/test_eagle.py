@@ -80,6 +80,14 @@ def test_a_head_for_another_target_is_refused(tiny_pair, tiny_eagle, small_vocab
         load_head(str(tmp_path / "missing"), same_shape)
 
 
+def test_a_truncated_head_is_a_load_error(tiny_pair, tiny_eagle, tmp_path):
+    (tmp_path / "config.json").write_bytes((tiny_eagle / "config.json").read_bytes())
+    (tmp_path / "model.safetensors").write_bytes((tiny_eagle / "model.safetensors").read_bytes()[:1000])
+    target = load_models(tiny_config(tiny_pair, "drafter.kind=none")).target
+    with pytest.raises(ModelLoadError, match="cannot read model.safetensors"):
+        load_head(str(tmp_path), target)
+
+
 PUBLIC_NAMES = {
     "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
     "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import make_tokenizer, perturbed_copy, save_pair
 from engine_helpers import assert_exact, greedy_reference, random_prompts, run_engine, tiny_config
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specbatch.config import ModelsConfig
@@ -157,6 +158,21 @@ REFUSED = [
     ("falcon", dict(alibi=True), "ALiBi"),
     ("bart", {}, "encoder-decoder"),
 ]
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_a_truncated_weight_file_is_a_load_error(tiny_pair, tmp_path, weights):
+    """A half-copied checkpoint is the user's file to fix (exit 2), not an internal failure."""
+    for file in tiny_pair[0].iterdir():
+        if file.name != "model.safetensors":
+            (tmp_path / file.name).write_bytes(file.read_bytes())
+    whole = tiny_pair[0] / "model.safetensors"
+    if weights == "pytorch_model.bin":
+        torch.save(load_file(whole), tmp_path / "whole.bin")
+        whole = tmp_path / "whole.bin"
+    (tmp_path / weights).write_bytes(whole.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match="cannot load a causal LM"):
+        load_model(str(tmp_path), ModelsConfig(target=str(tmp_path)))
 
 
 @pytest.mark.parametrize(("model_type", "overrides", "reason"), REFUSED, ids=[r[0] for r in REFUSED])

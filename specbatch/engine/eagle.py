@@ -33,6 +33,7 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 
+from specbatch.engine.loading import CORRUPT_WEIGHTS
 from specbatch.engine.model_paths import ModelLoadError, resolve_dir
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -253,7 +254,10 @@ def _read_weights(directory: Path, name: str) -> dict[str, torch.Tensor]:
     for file in WEIGHT_FILES:
         path = directory / file
         if path.is_file():
-            raw = load_file(str(path)) if file.endswith(".safetensors") else torch.load(path, weights_only=True)
+            try:
+                raw = load_file(str(path)) if file.endswith(".safetensors") else torch.load(path, weights_only=True)
+            except (OSError, *CORRUPT_WEIGHTS) as error:
+                raise ModelLoadError(f"EAGLE head {name!r}: cannot read {file}: {error}") from error
             break
     else:
         raise ModelLoadError(f"EAGLE head {name!r} has no {' or '.join(WEIGHT_FILES)}")

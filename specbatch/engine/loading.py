@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pickle import UnpicklingError
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -30,6 +32,10 @@ from specbatch.sched.capacity import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
+# What reading a truncated or corrupt weight file raises (none is an OSError or a ValueError;
+# RuntimeError is torch's zip reader on a .bin): that model is unusable, a one-line error (exit 2),
+# not an internal failure the job retries.
+CORRUPT_WEIGHTS = (SafetensorError, UnpicklingError, RuntimeError)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Model types whose layers keep recurrent or convolutional state that a KV cache cannot hold; the
 # `layer_types` check below catches most hybrids, these declare no (or too few) layer types.
@@ -134,7 +140,7 @@ def load_model(name: str, models: ModelsConfig, device: str | None = None) -> Pr
             attn_implementation=ATTENTION_NAME,
             trust_remote_code=models.trust_remote_code,
         )
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, *CORRUPT_WEIGHTS) as error:
         raise ModelLoadError(f"cannot load a causal LM from {path}: {error}") from error
     return model.to(device or models.device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
 
