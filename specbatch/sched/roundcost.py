@@ -65,6 +65,9 @@ class DecodeShape:
         """`models[i]`: whether row i's drafts come from a draft model (default: every row's); a row
         drafting by lookup adds verify positions and its lookup's host time (`index_lags[i]`: tokens
         its index catches up on, default 0)."""
+        if not any(ks):  # plain decoding's round, the ledger's every round: its sums alone
+            starts = [row.num_computed for row in rows]
+            return cls(len(rows), max(starts, default=0), sum_start=sum(starts))
         shape = cls()
         for i, (row, k) in enumerate(zip(rows, ks, strict=True)):
             model = models is None or models[i]
