@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specbatch.config import JobConfig
+from specbatch.config import JobConfig, SamplingDefaults
 from specbatch.data import ingest
 from specbatch.data.ingest import DatasetError, RawRecord, detect_format, resolve_dataset
 from specbatch.data.shards import read_shard, shard_dataset
@@ -304,6 +304,12 @@ def test_a_column_map_reads_another_engines_field() -> None:
     request = Validator(SamplingDefaults(), column_map={"max_new_tokens": "max_tokens"})(
         RawRecord(0, {"id": "r", "prompt": "x", "max_tokens": 20}))
     assert request.drop_reason is None and request.max_new_tokens == 20
+
+
+def test_a_missing_prompt_names_the_column_it_was_mapped_from() -> None:
+    request = Validator(SamplingDefaults(), column_map={"prompt": "text"})(RawRecord(0, {"prompt": "unread"}))
+    assert request.drop_reason == "missing_prompt"
+    assert request.drop_message == "record has neither prompt (column 'text') nor messages"
 
 
 def test_openai_batch_corpus(tmp_path: Path) -> None:

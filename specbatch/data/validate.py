@@ -252,7 +252,7 @@ class Validator:
         if prompt is not None and messages is not None:
             raise Drop("prompt_and_messages", "give either prompt or messages, not both")
         if prompt is None and messages is None:
-            raise Drop("missing_prompt", "record has neither prompt nor messages")
+            raise Drop("missing_prompt", f"record has neither {self._named('prompt')} nor {self._named('messages')}")
         if messages is not None:
             return _checked_text(self._render_chat(_messages(messages)), "rendered chat prompt")
         if not isinstance(prompt, str):
@@ -260,6 +260,11 @@ class Validator:
         if not prompt.strip():
             raise Drop("empty_prompt", "prompt is empty or only whitespace")
         return _checked_text(prompt, "prompt")
+
+    def _named(self, name: str) -> str:
+        """A field as the record names it: a mapped field by its source column, which the user sees."""
+        source = self.sources[name]
+        return name if source == name else f"{name} (column {source!r})"
 
     def _render_chat(self, messages: list[dict[str, str]]) -> str:
         if self.tokenizer is None:
