@@ -67,16 +67,17 @@ def _random_pools(dtype: torch.dtype, num_blocks: int, dim: int, seed: int) -> t
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block", "start"), [(BLOCK, 37), (16, 37), (16, 160), (32, 121)])
-@pytest.mark.parametrize("dim", [16, 64])  # in bfloat16: 16 is widened to float32, 64 scored in pairs
-def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype, block, start, dim):
+# in bfloat16: 16 is widened to float32, 48 and 64 scored in pairs; values in 1, 3 and 4 vectors
+@pytest.mark.parametrize("dim", [16, 48, 64])
+@pytest.mark.parametrize("window", [5, 6])  # across dimensions, lanes in threes (15) and not (18: 16 + 2)
+def test_the_kernel_gives_a_token_the_same_bits_in_any_row(monkeypatch, dtype, block, start, dim, window):
     """Batch invariance, what keeps speculation's greedy output plain decoding's: a token verified in
-    a row of 5 (lanes across the vector) attends exactly as when decoded alone (lanes across
+    a row of 5 or 6 (lanes across the vector) attends exactly as when decoded alone (lanes across
     dimensions), and either way of laying out the work gives the same bits; with blocks of fewer
     positions than a vector, of one vector (decoding scores whole groups of 16 keys) and of two, and
     rows that end inside a group and on its edge."""
     if paged_kernel.load() is None:
         pytest.skip("no C compiler here")
-    window = 5
     table = [5, 0, 9, 3, 11, 7, 2, 8, 1, 10, 4, 6]
     keys, values = _random_pools(dtype, len(table) * block // BLOCK, dim, seed=1)
     q = torch.randn(window, HEADS, dim, generator=torch.Generator().manual_seed(2)).to(dtype)

@@ -22,7 +22,8 @@
  * written here, the same on every element), so a token's attention is bit for bit the same in a
  * decoding row and in a verify row of any length: speculation keeps plain decoding's results.
  * Two passes per task (a row's KV head and WIDTH of its lanes): the scores at every position its
- * lanes see (a block widened at a time), then the weighted values. A task stops at its last lane's
+ * lanes see (a block widened at a time), then the weighted values (`few` reads them where they lie,
+ * each value vector once for three lanes). A task stops at its last lane's
  * last position, so a prefill chunk's tasks compute the causal half of its scores; the positions
  * skipped would only have added exact zeros to every sum. Built by specbatch/engine/paged_kernel.py. */
 #include <float.h>
@@ -80,6 +81,14 @@ static inline f64xW exp_f64(f64xW x) {
 
 #define PARTIAL(c) partial[c]
 
+/* WIDTH consecutive elements of a pool as one vector, widened exactly: `few` reads values where they
+ * lie, in order (a copy of the block first was a store and a load of every element) */
+typedef float f32xW_unaligned __attribute__((vector_size(WIDTH * sizeof(float)), aligned(4), may_alias));
+typedef double f64xW_unaligned __attribute__((vector_size(WIDTH * sizeof(double)), aligned(8), may_alias));
+static inline f32xW vload_f32(const float *from) { return *(const f32xW_unaligned *)from; }
+static inline f64xW vload_f64(const double *from) { return *(const f64xW_unaligned *)from; }
+static inline f32xW vload_bf16(const uint16_t *from) { return (f32xW)widen_16(from); }
+
 /* bfloat16 keys scored in pairs of dimensions: each float32 element adds the products of a pair of
  * bfloat16s (the odd one's, then the even one's; both exact in float32), by the CPU's dot-product
  * instruction where it has one, else as written here. Half the multiply-adds of widening the keys
@@ -135,7 +144,7 @@ static const int BIT_REVERSED[WIDTH] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 
             __builtin_prefetch(from_ + byte_, 0, 1);                                                     \
     }
 
-#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, STORE, PAIRED, EXP, LOWEST)                            \
+#define DEFINE_KERNEL(NAME, QT, VT, IT, KT, LOAD, VLOAD, STORE, PAIRED, EXP, LOWEST)                     \
 typedef struct {                                                                                         \
     const KT *q;                                                                                         \
     KT *out;                                                                                             \
@@ -316,25 +325,47 @@ static void NAME##_few(NAME##_chunk *w) {                                       
     for (int64_t first = 0; first < end; first += w->block_size) {                                       \
         int64_t count;                                                                                   \
         const KT *values = NAME##_block(w, w->v_pool, first, value_dim, &count);                         \
-        NAME##_widen(w, values, count * value_dim);                                                      \
-        for (int64_t l = 0; l < w->lanes; l++) { /* a lane's sums in registers across the block */      \
+        int64_t l = 0;                                                                                   \
+        for (; l + 3 <= w->lanes; l += 3) { /* three lanes' sums in registers: each value loaded once */ \
+            const QT *wa = scores + l * stride * WIDTH + first, *wb = wa + stride * WIDTH, *wc = wb + stride * WIDTH; \
+            VT *ta = acc + l * value_chunks, *tb = ta + value_chunks, *tc = tb + value_chunks;           \
+            for (int64_t m = 0; m < value_chunks; m += 4) { /* a row's 4 vectors in order: one stream */ \
+                int64_t last = value_chunks - 1; /* past it, the last vector again: summed alike, stored alike */ \
+                int64_t m1 = m + 1 < last ? m + 1 : last, m2 = m + 2 < last ? m + 2 : last, m3 = m + 3 < last ? m + 3 : last; \
+                VT a0 = ta[m], a1 = ta[m1], a2 = ta[m2], a3 = ta[m3];                                    \
+                VT b0 = tb[m], b1 = tb[m1], b2 = tb[m2], b3 = tb[m3];                                    \
+                VT c0 = tc[m], c1 = tc[m1], c2 = tc[m2], c3 = tc[m3];                                    \
+                for (int64_t i = 0; i < count; i++) {                                                    \
+                    const KT *row = values + i * value_dim;                                              \
+                    VT v0 = VLOAD(row + m * WIDTH), v1 = VLOAD(row + m1 * WIDTH);                        \
+                    VT v2 = VLOAD(row + m2 * WIDTH), v3 = VLOAD(row + m3 * WIDTH);                       \
+                    a0 += wa[i] * v0, a1 += wa[i] * v1, a2 += wa[i] * v2, a3 += wa[i] * v3;              \
+                    b0 += wb[i] * v0, b1 += wb[i] * v1, b2 += wb[i] * v2, b3 += wb[i] * v3;              \
+                    c0 += wc[i] * v0, c1 += wc[i] * v1, c2 += wc[i] * v2, c3 += wc[i] * v3;              \
+                }                                                                                        \
+                ta[m3] = a3, ta[m2] = a2, ta[m1] = a1, ta[m] = a0;                                       \
+                tb[m3] = b3, tb[m2] = b2, tb[m1] = b1, tb[m] = b0;                                       \
+                tc[m3] = c3, tc[m2] = c2, tc[m1] = c1, tc[m] = c0;                                       \
+            }                                                                                            \
+        }                                                                                                \
+        for (; l < w->lanes; l++) { /* a lane's sums in registers across the block */                   \
             const QT *weight = scores + l * stride * WIDTH + first;                                      \
             VT *to = acc + l * value_chunks;                                                             \
             int64_t m = 0;                                                                               \
             for (; m + 4 <= value_chunks; m += 4) {                                                      \
                 VT s0 = to[m], s1 = to[m + 1], s2 = to[m + 2], s3 = to[m + 3];                           \
                 for (int64_t i = 0; i < count; i++) {                                                    \
-                    const VT *value = (const VT *)(w->block + i * value_dim) + m;                        \
-                    s0 += weight[i] * value[0];                                                          \
-                    s1 += weight[i] * value[1];                                                          \
-                    s2 += weight[i] * value[2];                                                          \
-                    s3 += weight[i] * value[3];                                                          \
+                    const KT *value = values + i * value_dim + m * WIDTH;                                \
+                    s0 += weight[i] * VLOAD(value);                                                      \
+                    s1 += weight[i] * VLOAD(value + WIDTH);                                              \
+                    s2 += weight[i] * VLOAD(value + 2 * WIDTH);                                          \
+                    s3 += weight[i] * VLOAD(value + 3 * WIDTH);                                          \
                 }                                                                                        \
                 to[m] = s0, to[m + 1] = s1, to[m + 2] = s2, to[m + 3] = s3;                              \
             }                                                                                            \
             for (; m < value_chunks; m++) {                                                              \
                 VT sum = to[m];                                                                          \
-                for (int64_t i = 0; i < count; i++) sum += weight[i] * ((const VT *)(w->block + i * value_dim))[m]; \
+                for (int64_t i = 0; i < count; i++) sum += weight[i] * VLOAD(values + i * value_dim + m * WIDTH); \
                 to[m] = sum;                                                                             \
             }                                                                                            \
         }                                                                                                \
@@ -394,6 +425,7 @@ void NAME(const KT *q, const KT *k_pool, const KT *v_pool, KT *out, const int64_
 
 #define AS_IS(x) (x)
 
-DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, AS_IS, 0, exp_f32, -FLT_MAX)
-DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, AS_IS, 0, exp_f64, -DBL_MAX)
-DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, widen, narrow, 1, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f32, float, f32xW, i32xW, float, AS_IS, vload_f32, AS_IS, 0, exp_f32, -FLT_MAX)
+DEFINE_KERNEL(paged_attention_f64, double, f64xW, i64xW, double, AS_IS, vload_f64, AS_IS, 0, exp_f64, -DBL_MAX)
+DEFINE_KERNEL(paged_attention_bf16, float, f32xW, i32xW, uint16_t, widen, vload_bf16, narrow, 1, exp_f32,
+              -FLT_MAX)
