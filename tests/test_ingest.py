@@ -67,7 +67,9 @@ JSONL_CORPUS: list[tuple[bytes, str | None]] = [
     (jl(messages=USER_HI), "no_chat_template"),
     (jl(prompt="a", max_new_tokens=True), "invalid_max_new_tokens"),
     (jl(prompt="a", max_new_tokens="5"), "invalid_max_new_tokens"),
-    (jl(prompt="a", max_new_tokens=5.0), "invalid_max_new_tokens"),
+    (jl(prompt="a", max_new_tokens=5.5), "invalid_max_new_tokens"),
+    (jl(prompt="a", max_new_tokens=5.0), None),  # a whole number written as a float
+    (jl(prompt="a", seed=7.25), "invalid_seed"),
     (jl(prompt="a", max_new_tokens=0), "invalid_max_new_tokens"),
     (jl(prompt="a", max_new_tokens=10**7), "invalid_max_new_tokens"),
     (b'{"prompt": "a", "temperature": NaN}', "invalid_temperature"),
@@ -348,9 +350,9 @@ def test_parquet_corpus_across_batches(tmp_path: Path, monkeypatch: pytest.Monke
     dataset = tmp_path / "d.parquet"
     pq.write_table(parquet_table(), dataset, row_group_size=2)
     rows = run(dataset, tmp_path)
-    expected = [None, None, "missing_prompt", "empty_prompt", "duplicate_id", "invalid_max_new_tokens",
-                "invalid_temperature"]
+    expected = [None, None, "missing_prompt", "empty_prompt", "duplicate_id", "invalid_max_new_tokens", None]
     assert [row["drop_reason"] for row in rows] == expected
+    assert rows[6]["temperature"] == CONFIG.sampling.temperature  # a table's NaN is a missing value
     assert [row["position"] for row in rows] == list(range(7))
     assert rows[1]["request_id"] == "rec-000000001" and rows[1]["temperature"] == 0.5
     assert rows[4]["request_id"] == "rec-000000004"
@@ -362,6 +364,19 @@ def test_parquet_written_by_pandas_has_no_index_metadata(tmp_path: Path) -> None
     dataset = tmp_path / "d.parquet"
     pandas.DataFrame({"prompt": ["a", "b"]}, index=[5, 9]).to_parquet(dataset)
     assert [row["metadata"] for row in run(dataset, tmp_path)] == [None, None]
+
+
+def test_parquet_written_by_pandas_with_missing_numbers(tmp_path: Path) -> None:
+    """pandas stores an integer column with a missing value as float64, the missing one as NaN: the
+    whole numbers are read as integers and NaN as missing (the default), not as a bad value."""
+    pandas = pytest.importorskip("pandas")
+    dataset = tmp_path / "d.parquet"
+    pandas.DataFrame({"prompt": ["a", "b", "c"], "max_new_tokens": [4, None, 7],
+                      "temperature": [None, 0.5, None]}).to_parquet(dataset)
+    rows = run(dataset, tmp_path)
+    assert [row["drop_reason"] for row in rows] == [None, None, None]
+    assert [row["max_new_tokens"] for row in rows] == [4, CONFIG.sampling.max_new_tokens, 7]
+    assert [row["temperature"] for row in rows] == [CONFIG.sampling.temperature, 0.5, CONFIG.sampling.temperature]
 
 
 def test_parquet_chat_messages_column(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ in record batches.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -267,10 +268,13 @@ def _table_columns(source: DatasetSource) -> list[str]:
 
 
 def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[RawRecord]:
+    """Rows as records; a NaN cell is a missing value (pandas writes one for every missing number,
+    an integer column's too), as a null cell is."""
     position = 0
     for batch in batches:
         for row in batch.to_pylist():
-            yield RawRecord(position, row)
+            yield RawRecord(position, {key: None if isinstance(value, float) and math.isnan(value) else value
+                                       for key, value in row.items()})
             position += 1
 
 

@@ -338,8 +338,12 @@ def _openai_extra(record: dict[str, Any], body: dict[str, Any]) -> dict[str, Any
 
 
 def _integer(value: Any, name: str, low: int, high: int, default: int | None) -> int | None:
+    """A whole number, 5.0 too: JSON writers and tables make floats of integers (pandas stores an
+    integer column with a missing value as float64), and OpenAI-style servers accept them."""
     if value is None:
         return default
+    if type(value) is float and value.is_integer():
+        value = int(value)
     if type(value) is not int:
         raise Drop(f"invalid_{name}", f"{name} must be an integer, got {_describe(value)}")
     if not low <= value <= high:
