@@ -63,6 +63,17 @@ def test_output_changes_are_refused_and_listed_unless_forced(tmp_path, tiny_pair
     assert manifest.config_history[-1]["changed"]["seed"] == [0, 3]
 
 
+def test_a_forced_resume_over_a_changed_dataset_says_what_it_runs(tmp_path, tiny_pair):
+    dataset, job_dir, base = _prepared(tmp_path, tiny_pair)
+    write_jsonl(dataset, [*RECORDS, {"id": "added", "prompt": "x", "max_new_tokens": 3}])
+    with pytest.raises(JobError, match="changed since"):
+        prepare(dataset, job_dir, load_config(None, base))
+    notices: list[str] = []
+    manifest = prepare(dataset, job_dir, load_config(None, base), force=True, notice=notices.append)
+    assert manifest.dataset.num_records == 2  # the shards cut before the change
+    assert len(notices) == 1 and "the 2 records read then" in notices[0] and "not run" in notices[0]
+
+
 def test_speed_changes_are_taken_and_recorded(tmp_path, tiny_pair):
     dataset, job_dir, base = _prepared(tmp_path, tiny_pair)
     prepare(dataset, job_dir, load_config(None, base))

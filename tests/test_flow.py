@@ -108,6 +108,18 @@ def test_task_logic_without_a_server(tmp_path, tiny_pair):
     assert missing.name == UNUSABLE_INPUT
 
 
+def test_an_empty_dataset_is_a_notice_not_silence(tmp_path, tiny_pair):
+    _, config, _ = _inputs(tmp_path, tiny_pair)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    notices: list[str] = []
+    job_config = load_config(config).model_dump(mode="json")
+    with local_hooks(LocalHooks(on_notice=notices.append)):
+        prepared = ingest_and_shard.fn(str(empty), str(tmp_path / "out" / "empty"), job_config)
+    assert prepared["num_records"] == 0
+    assert notices == [f"dataset {empty} holds no records: nothing to run"]
+
+
 def test_local_prefect_env_is_isolated_unless_an_api_is_configured(tmp_path):
     env = local_prefect_env(tmp_path / "out", {})
     assert env["PREFECT_HOME"] == str((tmp_path / "out" / ".prefect").resolve())

@@ -79,6 +79,14 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger(__name__)
 
 
+def _notify(message: str) -> None:
+    """A warning in the run's log, and on the terminal of a caller that runs the flow in-process."""
+    _logger().warning(message)
+    hooks = _local_hooks.get()
+    if hooks is not None and hooks.on_notice is not None:
+        hooks.on_notice(message)
+
+
 def _not_unusable(task, task_run, state: State) -> bool:
     return state.name != UNUSABLE_INPUT
 
@@ -91,11 +99,13 @@ def ingest_and_shard(dataset: str, job_dir: str, config: dict[str, Any], force: 
     job_config = JobConfig.model_validate(config)
     try:
         check_inputs(dataset, job_config, dataset_format, column_map)
-        manifest = prepare(dataset, job_dir, job_config, force, dataset_format, column_map, epoch)
+        manifest = prepare(dataset, job_dir, job_config, force, dataset_format, column_map, epoch, _notify)
     except USAGE_ERRORS as error:
         return Failed(name=UNUSABLE_INPUT, message=str(error))
     _logger().info("job %s: %d records in %d shards (%s)", manifest.job_id, manifest.dataset.num_records,
                    len(manifest.shards), manifest.status)
+    if not manifest.dataset.num_records:
+        _notify(f"dataset {dataset} holds no records: nothing to run")
     return {"num_records": manifest.dataset.num_records, "num_shards": len(manifest.shards)}
 
 

@@ -9,6 +9,7 @@ skip what already has a committed completed or dropped result.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from specbatch.config import JobConfig
@@ -34,10 +35,11 @@ log = logging.getLogger(__name__)
 
 def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool = False,
             dataset_format: str | None = None, column_map: dict[str, str] | None = None,
-            epoch: int = 0) -> Manifest:
+            epoch: int = 0, notice: Callable[[str], None] = log.warning) -> Manifest:
     """Create or resume a job directory (a local path or an object-store URL); ingest the dataset
     into shards if not done yet. `epoch`: the runner's lease number on an object store, which fences
-    its manifest writes (`update_manifest`)."""
+    its manifest writes (`update_manifest`). `notice`: what the user must hear though the job goes on
+    (a forced resume over a changed dataset runs the records cut before the change)."""
     manifest = load_manifest(job_dir) if has_manifest(job_dir) else None
     if manifest is not None:  # a resume needs not repeat --format / --column, and may not change them
         if column_map and column_map != manifest.dataset.column_map:
@@ -48,9 +50,13 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
     source = resolve_dataset(str(dataset), dataset_format, column_map)
     config = with_concrete_dtype(config, manifest)
     if manifest is not None:
-        if fingerprint(source.path) != manifest.dataset.fingerprint and not force:
-            raise JobError(f"dataset {source.path} changed since job {location_name(job_dir)} started "
-                           "(fingerprint differs); use a new --job-id, or --force to continue anyway")
+        if fingerprint(source.path) != manifest.dataset.fingerprint:
+            if not force:
+                raise JobError(f"dataset {source.path} changed since job {location_name(job_dir)} started "
+                               "(fingerprint differs); use a new --job-id, or --force to continue anyway")
+            notice(f"dataset {source.path} changed since job {location_name(job_dir)} started: --force goes on "
+                   f"with the {manifest.dataset.num_records} records read then; records added or changed "
+                   "since are not run (a new --job-id runs them)")
         if manifest.status not in ("created", "ingesting"):
             changes = config_changes(manifest.config, config)
             refused = refusal(manifest, changes, config)
