@@ -330,6 +330,8 @@ class AdaptiveLookahead:
 
     def _solve(self, batch: _Batch, k_max: int, lag_limits: list[float]) -> tuple[float, list[int]]:
         """(tokens per ms, ks) for a largest k of k_max: the best over which rows may draft by lag."""
+        if len(lag_limits) == 1:  # one class of lags (flat passes, or rows alike): the solve itself
+            return self._solve_within(batch, k_max, lag_limits[0])
         return max((self._solve_within(batch, k_max, lag_limit) for lag_limit in lag_limits), key=lambda s: s[0])
 
     def _solve_within(self, batch: _Batch, k_max: int, lag_limit: float) -> tuple[float, list[int]]:

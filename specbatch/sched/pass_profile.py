@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -174,10 +173,9 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     best, best_k = 1.0, 0
     # α_i^K (0 past the row's cap: it adds nothing), and Σ_i E(α_i, min(K, cap_i)) summed in row order
     powers, tokens = [1.0] * num_rows, float(num_rows)
-    caps_of_all = Counter(caps)
-    caps_of_models = Counter(cap for cap, model in zip(caps, model_rows, strict=True) if model)
-    reaching_k = num_rows - caps_of_all[0]  # rows whose cap reaches K, from K = 1
-    num_model = caps_of_models.total() - caps_of_models[0]  # those of them drafting with a model
+    model_caps = [cap for cap, model in zip(caps, model_rows, strict=True) if model]
+    reaching_k = num_rows - caps.count(0)  # rows whose cap reaches K, from K = 1
+    num_model = len(model_caps) - model_caps.count(0)  # those of them drafting with a model
     num_lookup, models_reaching_k = reaching_k - num_model, num_model
     sum_model, sum_all = 0, 0  # the model rows' drafts at K, every row's
     wide_starts = [start for start, cap in zip(starts, caps, strict=True) if cap >= 1]  # rows verifying drafts
@@ -188,7 +186,7 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
                   for power, alpha, cap in zip(powers, alphas, caps, strict=True)]
         tokens = sum(powers, tokens)
         sum_all, sum_model = sum_all + reaching_k, sum_model + models_reaching_k
-        reaching_k, models_reaching_k = reaching_k - caps_of_all[k_max], models_reaching_k - caps_of_models[k_max]
+        reaching_k, models_reaching_k = reaching_k - caps.count(k_max), models_reaching_k - model_caps.count(k_max)
         shape = DecodeShape(num_rows, max_start, k_max, num_model, 1 if num_model else 0, sum_model, sum_start,
                             sum_all, num_model, num_lookup, num_wide=num_wide, sum_wide_start=sum_wide_start)
         speedup = tokens / num_rows * plain_ms / round_cost.decode_ms(shape)
