@@ -108,7 +108,7 @@ class AlphaTracker:
     towards the row's domain α̂, so a row with no history gets its domain's estimate. Each α̂ is kept
     until the row's history or the job's statistics change (`AcceptanceStats.version`): every round
     reads every row's α for the ledger's limit, and in plain rounds none of them changes (32 rows'
-    estimates took ~30 µs a round, a third of what adaptive planning added to a bundled job)."""
+    estimates took ~30 µs a round, about a quarter of what adaptive planning added to a bundled job)."""
 
     stats: AcceptanceStats
     row_prior_weight: float = 4.0
