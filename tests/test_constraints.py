@@ -53,6 +53,7 @@ def test_each_record_field_becomes_one_constraint():
     assert parse_constraint({"choice": ["a", "b"]}).kind == "choice"
     assert parse_constraint({"grammar": 'root ::= "yes" | "no"'}).text.strip().endswith('"no"')  # GBNF -> Lark
     assert parse_constraint({}) is None
+    assert parse_constraint({"json_schema": True}) == parse_constraint({"json_schema": {}})  # JSON Schema's any value
     ordered = parse_constraint({"json_schema": {"properties": {"z": {}, "a": {}}}}).text
     assert ordered.index('"z"') < ordered.index('"a"')  # the schema's key order is the output's
 
@@ -64,6 +65,7 @@ def test_each_record_field_becomes_one_constraint():
     ({"response_format": {"type": "xml"}}, "not supported"),
     ({"response_format": {"type": "json_schema"}}, "schema object"),
     ({"json_schema": [1]}, "must be an object"),
+    ({"json_schema": False}, "matches no value"),
     ({"json_schema": {"type": "string", "description": "x" * MAX_CONSTRAINT_CHARS}}, "over the limit"),
 ])
 def test_malformed_constraints_are_refused(fields, message):

@@ -123,8 +123,13 @@ def _unwrap_schema(value: Any) -> Any:
 
 
 def _schema(schema: Any) -> Constraint:
+    """JSON Schema's boolean schemas too: `true` is `{}` (any value), `false` matches none."""
+    if schema is True:
+        schema = {}
+    if schema is False:
+        raise ConstraintError("the JSON schema false matches no value")
     if not isinstance(schema, dict):
-        raise ConstraintError("a JSON schema must be an object")
+        raise ConstraintError("a JSON schema must be an object (or true)")
     return Constraint("json_schema", json.dumps(schema, ensure_ascii=False))  # key order kept: it orders the output
 
 
