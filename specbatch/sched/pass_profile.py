@@ -168,8 +168,8 @@ def speedup_limit(round_cost: RoundCostModel, alphas: list[float], caps: list[in
     if not num_rows or max(caps, default=0) == 0:
         return 1.0, 0
     model_rows = model_rows if model_rows is not None else [True] * num_rows
-    max_start, sum_start = max(starts), sum(starts)
-    plain_ms = round_cost.decode_ms(DecodeShape(num_rows, max_start, sum_start=sum_start))
+    plain = DecodeShape.plain(starts)
+    plain_ms, max_start, sum_start = round_cost.decode_ms(plain), plain.max_start, plain.sum_start
     best, best_k = 1.0, 0
     # α_i^K (0 past the row's cap: it adds nothing), and Σ_i E(α_i, min(K, cap_i)) summed in row order
     powers, tokens = [1.0] * num_rows, float(num_rows)

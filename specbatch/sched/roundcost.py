@@ -65,15 +65,19 @@ class DecodeShape:
         """`models[i]`: whether row i's drafts come from a draft model (default: every row's); a row
         drafting by lookup adds verify positions and its lookup's host time (`index_lags[i]`: tokens
         its index catches up on, default 0)."""
-        if not any(ks):  # plain decoding's round, the ledger's every round: its sums alone
-            starts = [row.num_computed for row in rows]
-            return cls(len(rows), max(starts, default=0), sum_start=sum(starts))
+        if not any(ks):  # plain decoding's round, the ledger's every round
+            return cls.plain([row.num_computed for row in rows])
         shape = cls()
         for i, (row, k) in enumerate(zip(rows, ks, strict=True)):
             model = models is None or models[i]
             lag = 0 if not k else draft_lag(row) if model else index_lags[i] if index_lags else 0
             shape.add(row.num_computed, k, lag, model)
         return shape
+
+    @classmethod
+    def plain(cls, starts: list[int]) -> DecodeShape:
+        """Plain decoding's batch of rows whose first query positions are `starts`: its sums alone."""
+        return cls(len(starts), max(starts, default=0), sum_start=sum(starts))
 
     def add(self, start: int, k: int, lag: float = 0, model: bool = True) -> None:
         """One more row; if it drafts (k ≥ 1), `lag` is its draft cache's with a model, else its index's."""
