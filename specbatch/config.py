@@ -27,6 +27,10 @@ from pydantic import (
 )
 
 MAX_LOOKAHEAD = 16  # drafts per row; bounds fixed:K and scheduler.max_lookahead
+# a record's max_new_tokens and temperature are held to these (data/validate.py), so the defaults are too:
+# a default past them reached the int32 shard column as an internal failure, or sampled at infinity
+MAX_NEW_TOKENS = 131072
+MAX_TEMPERATURE = 100.0
 _FIXED = re.compile(r"fixed:([0-9]+)")
 
 
@@ -112,7 +116,9 @@ PrefillChunk = Annotated[
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no NaN or infinity (`--set io.part_every_s=.inf`): the manifest's JSON holds them as null, which
+    # the job's next read refused as an internal failure
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelsConfig(_Section):
@@ -239,8 +245,8 @@ class BucketsConfig(_Section):
 
 
 class SamplingDefaults(_Section):
-    max_new_tokens: int = Field(default=128, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
+    max_new_tokens: int = Field(default=128, ge=1, le=MAX_NEW_TOKENS)
+    temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     coupling: Literal["rejection", "gumbel"] = "rejection"  # randomness of sampled rows (engine/coupling.py)
 

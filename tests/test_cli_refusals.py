@@ -36,6 +36,17 @@ def test_a_set_value_that_is_not_yaml_is_a_config_error(override):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("io.part_every_s=.inf", "io.part_every_s: Input should be a finite number"),  # was exit 1 on the manifest's null
+    ("scheduler.tpot_slo_ms=.nan", "finite number"), ("sampling.temperature=.inf", "finite number"),
+    ("sampling.temperature=101", "less than or equal to 100"),  # a record's own temperature is held to it
+    ("sampling.max_new_tokens=99999999999", "less than or equal to 131072"),  # was exit 1: past the int32 shard column
+])
+def test_a_set_value_past_what_a_job_can_hold_is_a_config_error(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
 def test_bad_set_yaml_through_the_cli_is_one_line_and_exit_2(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     assert "seed" in _one_error_line(_cli("submit", str(data), "--set", "seed=[1,", cwd=tmp_path))

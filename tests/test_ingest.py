@@ -6,6 +6,7 @@ chat rendering and `prompt_too_long` are in test_shards.py.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -179,6 +180,18 @@ def test_utf8_bom_and_crlf(tmp_path: Path) -> None:
     assert [(r["prompt"], r["drop_reason"]) for r in rows] == [("first", None), ("second", None)]
 
 
+def test_files_joined_with_cat_keep_each_ones_bom_out_of_its_first_record(tmp_path: Path) -> None:
+    """`cat a.jsonl b.jsonl` of files an editor saved with a BOM puts one at the start of a later line:
+    read as JSON it made that record `invalid_json` ("Unexpected UTF-8 BOM"), a good request lost."""
+    bom = b"\xef\xbb\xbf"
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(bom + jl(id="a", prompt="first") + b"\n" + bom + jl(id="b", prompt="second") + b"\n"
+                        + bom + b"\n")
+    rows = run(dataset, tmp_path)
+    assert [(r["request_id"], r["prompt"], r["drop_reason"]) for r in rows] == [("a", "first", None),
+                                                                               ("b", "second", None)]
+
+
 @pytest.mark.parametrize("content", [b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n\n  \n"])
 def test_a_bom_and_blank_lines_hold_no_record(tmp_path: Path, content: bytes) -> None:
     dataset = tmp_path / "d.jsonl"
@@ -283,6 +296,32 @@ def test_another_engines_field_beside_ours_or_null_is_metadata(record) -> None:
     assert request.drop_reason is None, request.drop_message
     extra = {key: value for key, value in record.items() if key not in ("max_new_tokens", "choice", "regex")}
     assert json.loads(request.metadata or "{}") == extra
+
+
+@pytest.mark.parametrize(("record", "named"), [
+    ({"top_k": 40}, "field 'top_k' (int 40) asks for top-k sampling"),
+    ({"repetition_penalty": 1.2}, "field 'repetition_penalty'"),
+    ({"presence_penalty": 0.5}, "field 'presence_penalty'"),
+    ({"min_p": 0.05}, "field 'min_p'"), ({"ignore_eos": True}, "field 'ignore_eos'"),
+    ({"min_tokens": 16}, "field 'min_tokens'"), ({"stop_token_ids": [2]}, "field 'stop_token_ids'"),
+])
+def test_a_records_sampling_knob_specbatch_does_not_apply_drops_it_by_name(record, named) -> None:
+    """vLLM's offline records carry these as fields: kept as metadata, `top_k: 40` ran without top-k and
+    nobody knew. As in an OpenAI body, the record is dropped naming the field."""
+    request = Validator(SamplingDefaults())(RawRecord(0, {"id": "r", "prompt": "x", "temperature": 0.8, **record}))
+    assert request.drop_reason == "unsupported_parameter" and named in (request.drop_message or ""), request
+    assert request.request_id == "r"
+
+
+@pytest.mark.parametrize("record", [
+    {"top_k": -1, "repetition_penalty": 1.0, "presence_penalty": 0, "ignore_eos": False, "min_tokens": 0,
+     "stop_token_ids": []},  # their defaults ask for nothing
+    {"logprobs": [-0.1, -2.3], "n": 3, "tools": [{"type": "function"}]},  # as often a dataset's data as a request
+])
+def test_a_records_knob_at_its_default_or_a_field_that_may_be_data_is_metadata(record) -> None:
+    request = Validator(SamplingDefaults())(RawRecord(0, {"id": "r", "prompt": "x", **record}))
+    assert request.drop_reason is None, request.drop_message
+    assert json.loads(request.metadata or "{}") == record
 
 
 def test_a_choices_field_is_data_as_often_as_a_request_so_it_is_kept_and_the_job_warns(tmp_path: Path, caplog) -> None:
@@ -440,6 +479,12 @@ def test_hf_local_json_builder(tmp_path: Path) -> None:
         ("d.parquet", b"not parquet", {}, "not a readable Parquet file"),
         ("d.json", b'[{"prompt": "a"},\n {"prompt": "b"}]', {}, "JSON array"),
         ("d.jsonl", b"\xff\xfe{\x00}\x00", {}, "UTF-16"),
+        # without a BOM every line was `invalid_json`, and one more row than records (the last "\n\x00")
+        ("d.jsonl", '{"prompt": "a"}\n{"prompt": "b"}\n'.encode("utf-16-le"), {}, "NUL bytes: UTF-16"),
+        ("d.jsonl", '{"prompt": "a"}\n'.encode("utf-16-be"), {"dataset_format": "jsonl"}, "NUL bytes: UTF-16"),
+        ("d.jsonl", '{"prompt": "a"}\n'.encode("utf-32"), {}, "UTF-32 encoded"),  # was named UTF-16
+        ("d.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n'), {"dataset_format": "jsonl"}, "gzip-compressed"),
+        ("d.csv", b'prompt,max_new_tokens\nhello,3\n"unterminated,4\n', {}, "builder 'csv'.*EOF inside string"),
         ("batch.jsonl", jl(custom_id="a", body={}), {"column_map": {"prompt": "p"}}, "OpenAI"),
     ],
 )
@@ -452,6 +497,48 @@ def test_unusable_datasets_raise(
     with pytest.raises(DatasetError, match=message):
         shard_dataset(path, tmp_path / "job", CONFIG, **kwargs)
     assert not (tmp_path / "job").exists(), "nothing is written for an unusable dataset"
+
+
+def test_a_parquet_file_damaged_past_its_footer_is_a_dataset_error(tmp_path: Path) -> None:
+    """The footer reads, a data page does not: an internal failure with exit 1 before, though it is the
+    file's fault; now one line naming the file and how far it read."""
+    dataset = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": [f"prompt number {i} " * 20 for i in range(3000)]}), dataset,
+                   row_group_size=1000, compression="none")
+    data = bytearray(dataset.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 2000] = b"\xab" * 2000
+    dataset.write_bytes(bytes(data))
+    resolve_dataset(dataset)  # the footer is fine
+    with pytest.raises(DatasetError, match=r"cannot read .*d.parquet as Parquet after record \d+"):
+        run(dataset, tmp_path)
+
+
+def test_data_files_whose_columns_differ_are_a_dataset_error(tmp_path: Path) -> None:
+    """datasets' builder raises CastError on the second file: the dataset's problem, not an internal one."""
+    pytest.importorskip("datasets")
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    pq.write_table(pa.table({"prompt": ["a", "b"]}), folder / "part-0.parquet")
+    pq.write_table(pa.table({"prompt": ["c"], "id": [5]}), folder / "part-1.parquet")
+    with pytest.raises(DatasetError, match="builder 'parquet' after record 2"):
+        run(folder, tmp_path)
+
+
+def test_a_folder_of_parquet_files_is_one_dataset_in_name_order(tmp_path: Path) -> None:
+    """As Spark, pandas or polars write a table: part files, Spark's `_SUCCESS` and hidden `.crc` files
+    beside them, which are not data (datasets' builder failed on `_SUCCESS` as a 0-byte Parquet file)."""
+    pytest.importorskip("datasets")
+    folder = tmp_path / "table"
+    folder.mkdir()
+    pq.write_table(pa.table({"prompt": ["b1"], "max_new_tokens": [3]}), folder / "part-1.parquet")
+    pq.write_table(pa.table({"prompt": ["a1", "a2"], "max_new_tokens": [1, 2]}), folder / "part-0.parquet")
+    (folder / "_SUCCESS").write_bytes(b"")
+    (folder / ".part-0.parquet.crc").write_bytes(b"crc")
+    assert detect_format(folder) == "hf:parquet"
+    rows = run(folder, tmp_path)
+    assert [(r["position"], r["prompt"], r["max_new_tokens"], r["drop_reason"]) for r in rows] == [
+        (0, "a1", 1, None), (1, "a2", 2, None), (2, "b1", 3, None)]
 
 
 def test_table_column_problems_raise(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path, PurePosixPath
@@ -86,7 +86,7 @@ def resolve_dataset(
     source = DatasetSource(path, fmt, mapping)
     if fmt in ("parquet", "hf_saved"):
         _check_columns(source, _table_columns(source))
-    elif fmt.startswith("hf:") and (first := next(iter(_open_hf_files(source)), None)) is not None:
+    elif fmt.startswith("hf:") and (first := next(_hf_rows(source), None)) is not None:
         _check_columns(source, list(first))
     return source
 
@@ -108,17 +108,23 @@ def _resolve_url(url: str, dataset_format: str | None, column_map: dict[str, str
     if fmt == "parquet":
         _check_parquet(url)
         _check_columns(source, _table_columns(source))
+    elif dataset_format is not None:  # a format given: not yet checked by _detect_json_lines
+        _check_json_lines_file(url)
     return source
 
 
 def detect_format(path: Path) -> str:
-    """Guess the format from the path: HF saved directory, `.parquet`, or JSON Lines."""
+    """Guess the format from the path: HF saved directory, a directory of Parquet files (as Spark,
+    pandas or polars write a table), `.parquet`, or JSON Lines."""
     if path.is_dir():
         if any((path / marker).exists() for marker in _HF_SAVED_MARKERS):
             return "hf_saved"
+        files = _data_file_paths(path)
+        if files and all(file.suffix.lower() == ".parquet" for file in files):
+            return "hf:parquet"
         raise DatasetError(
             f"{path} is a directory but not a saved Hugging Face dataset (no dataset_info.json or "
-            "state.json); pass a file, or a format such as hf:json / hf:csv for data files"
+            "state.json) nor Parquet files; pass a file, or a format such as hf:json / hf:csv for data files"
         )
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -158,13 +164,12 @@ def iter_json_lines(path: Path | str, max_record_bytes: int = MAX_RECORD_BYTES) 
 def _lines(file: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
     """Lines as bytes; a line over `max_bytes` (newline excluded) is consumed in chunks -> None.
 
-    A UTF-8 byte order mark (some editors write one) is dropped from the first line here, before
-    anyone asks whether that line is blank: a file of a BOM and blank lines holds no record.
+    A UTF-8 byte order mark (some editors write one) is dropped from the start of a line here, before
+    anyone asks whether that line is blank: a file of a BOM and blank lines holds no record. Any line's,
+    not only the first: files joined with `cat` carry one at the start of each, and a BOM is never JSON.
     """
-    first = True
     while line := file.readline(max_bytes + 1):
-        if first:
-            line, first = line.removeprefix(_BOM), False
+        line = line.removeprefix(_BOM)
         if len(line) <= max_bytes or line.endswith(b"\n"):
             yield line
             continue
@@ -191,15 +196,31 @@ _COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "b
                (b"\xfd7zXZ\x00", "xz"))
 
 
+def _check_json_lines_bytes(path: Path | str, start: bytes) -> None:
+    """Refuse a file whose first bytes show it is not UTF-8 text: read line by line, UTF-16 or UTF-32
+    (a NUL byte beside each ASCII one, which UTF-8 JSON never holds) would give every line as
+    `invalid_json`, and a line more than it has records; a compressed file, one row of garbage."""
+    if start.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        raise DatasetError(f"{path} is UTF-32 encoded; convert it to UTF-8 JSON Lines")
+    if start[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DatasetError(f"{path} is UTF-16 encoded; convert it to UTF-8 JSON Lines")
+    compressed = next((name for magic, name in _COMPRESSED if start.startswith(magic)), None)
+    if compressed is not None:
+        raise DatasetError(f"{path} is {compressed}-compressed; decompress it to JSON Lines first")
+    if b"\x00" in start[:4]:
+        raise DatasetError(f"{path} starts with NUL bytes: UTF-16 or UTF-32 without a byte order mark, or not "
+                           "text; convert it to UTF-8 JSON Lines")
+
+
+def _check_json_lines_file(path: Path | str) -> None:
+    with open_input(path) as file:
+        _check_json_lines_bytes(path, file.read(6))
+
+
 def _detect_json_lines(path: Path | str) -> str:
     """`openai_batch` if the first JSON object has `custom_id` and `body`, else `jsonl`."""
     with open_input(path) as file:
-        start = file.read(6)
-        if start[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            raise DatasetError(f"{path} is UTF-16 encoded; convert it to UTF-8 JSON Lines")
-        compressed = next((name for magic, name in _COMPRESSED if start.startswith(magic)), None)
-        if compressed is not None:
-            raise DatasetError(f"{path} is {compressed}-compressed; decompress it to JSON Lines first")
+        _check_json_lines_bytes(path, file.read(6))
         file.seek(0)
         head = islice(_lines(file, MAX_RECORD_BYTES), _PEEK_LINES)
         lines = (line for line in head if line and line.strip())
@@ -222,6 +243,8 @@ def _check_format(path: Path, fmt: str) -> None:
         raise DatasetError(f"format {fmt} needs a file, got {path}")
     if fmt == "parquet":
         _check_parquet(path)
+    elif fmt in ("jsonl", "openai_batch"):  # a format given: not yet checked by _detect_json_lines
+        _check_json_lines_file(path)
 
 
 def _check_parquet(path: Path | str) -> None:
@@ -281,7 +304,27 @@ def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[R
 def _parquet_batches(path: Path | str) -> Iterator[pa.RecordBatch]:
     with open_input(path) as stream, pq.ParquetFile(stream) as file:
         columns = [name for name in file.schema_arrow.names if not name.startswith("__index_level_")]
-        yield from file.iter_batches(batch_size=BATCH_ROWS, columns=columns)  # no pandas index column
+        batches = file.iter_batches(batch_size=BATCH_ROWS, columns=columns)  # no pandas index column
+        yield from _refusing_read_errors(batches, f"{path} as Parquet", (OSError, pa.ArrowException),
+                                         records=len)
+
+
+def _refusing_read_errors(items: Iterator[Any], what: str, errors: tuple[type[Exception], ...],
+                          records: Callable[[Any], int] = lambda item: 1) -> Iterator[Any]:
+    """`items` (rows, or batches of `records(item)` rows), an error raised while reading them made a
+    `DatasetError`: a file that fails part-way (a corrupt Parquet page past the footer, a CSV row
+    with an unterminated quote) is the dataset's problem, refused with one line and exit 2, not an
+    internal failure with a traceback."""
+    count = 0
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except errors as error:
+            raise DatasetError(f"cannot read {what} after record {count}: {error}") from error
+        yield item
+        count += records(item)
 
 
 def _load_hf_saved(path: Path) -> Any:
@@ -305,8 +348,18 @@ def _hf_saved_batches(path: Path) -> Iterator[pa.Table]:
 
 
 def _iter_hf_files(source: DatasetSource) -> Iterator[RawRecord]:
-    for position, row in enumerate(_open_hf_files(source)):
+    for position, row in enumerate(_hf_rows(source)):
         yield RawRecord(position, row)
+
+
+def _hf_rows(source: DatasetSource) -> Iterator[dict[str, Any]]:
+    """The builder's rows; what it raises reading the files (pandas' ParserError, Arrow's JSON errors,
+    datasets' CastError for files whose columns differ) is about the data: `DatasetError`."""
+    from datasets.exceptions import DatasetsError
+
+    what = f"{source.path} with datasets builder {source.format[3:]!r}"
+    return _refusing_read_errors(iter(_open_hf_files(source)), what, (OSError, ValueError, pa.ArrowException,
+                                                                        DatasetsError))
 
 
 def _open_hf_files(source: DatasetSource) -> Any:
@@ -323,7 +376,13 @@ def _open_hf_files(source: DatasetSource) -> Any:
 
 
 def _data_files(directory: Path) -> list[str]:
-    files = sorted(str(p) for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [str(file) for file in _data_file_paths(directory)]
     if not files:
         raise DatasetError(f"{directory} holds no data files")
     return files
+
+
+def _data_file_paths(directory: Path) -> list[Path]:
+    """A folder's data files in name order; names starting with `.` or `_` are not data, as for
+    `datasets` itself: Spark's `_SUCCESS` and `.crc` files, a `_metadata` summary."""
+    return sorted(file for file in directory.iterdir() if file.is_file() and not file.name.startswith((".", "_")))

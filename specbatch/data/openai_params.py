@@ -6,12 +6,14 @@ penalties it does not apply) must not come back `200` without it: its record is 
 default (`logprobs: false`, `presence_penalty: 0`, `tools: []`, ...) asks for nothing and is kept
 in the record's metadata like `model` or `user`, which change nothing either. Parameters that
 specbatch honours (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `response_format`, `n: 1`)
-are read by `specbatch.data.validate`.
+are read by `specbatch.data.validate`. A JSON Lines record is held to the same rule for the sampling
+knobs among them (`RECORD_UNHONOURED`: `top_k`, `repetition_penalty`, ...), which a dataset never
+carries as data: kept as metadata, `top_k: 40` would run without top-k, and nobody would know.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -59,16 +61,28 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (_nonempty, "a logit bias"),
     "top_k": (lambda value: value is not None and value not in (0, -1), "top-k sampling"),
     "min_p": (_nonzero, "min-p sampling"),
+    "min_tokens": (_nonzero, "a minimum output length"),  # vLLM's, as the three below
+    "ignore_eos": (_true, "generation past the end-of-sequence token"),
+    "stop_token_ids": (_nonempty, "stop token ids"),
+    "bad_words": (_nonempty, "banned words"),
     "modalities": (lambda value: value is not None and value != ["text"], "output other than text"),
     "audio": (_given, "audio output"),
     "web_search_options": (_given, "a web search"),
 }
 
 
-def unhonoured(body: dict[str, Any]) -> tuple[str, str] | None:
-    """(parameter, what it asks for) of the first body parameter that asks for something specbatch
-    does not do, or None."""
-    for name, (asks, what) in UNHONOURED.items():
+# Of those, the ones a JSON Lines record's own fields may ask with (vLLM's offline SamplingParams take
+# them by these names): sampling knobs, which no dataset carries as data. A record's `tools`, `logprobs`,
+# `n` or `audio` may well be its data (a tool-use chat, a scored answer), so they stay metadata there.
+RECORD_UNHONOURED = ("best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_k",
+                     "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "bad_words")
+
+
+def unhonoured(body: dict[str, Any], names: Iterable[str] = UNHONOURED) -> tuple[str, str] | None:
+    """(parameter, what it asks for) of the first of `names` in `body` that asks for something
+    specbatch does not do, or None."""
+    for name in names:
+        asks, what = UNHONOURED[name]
         if name in body and asks(body[name]):
             return name, what
     return None

@@ -17,10 +17,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specbatch.config import SamplingDefaults
+from specbatch.config import MAX_NEW_TOKENS, MAX_TEMPERATURE, SamplingDefaults
 from specbatch.data.constraints import CONSTRAINT_FIELDS, ConstraintChecker, ConstraintError, parse_constraint
 from specbatch.data.ingest import FIELDS, MAX_RECORD_BYTES, RawRecord
-from specbatch.data.openai_params import unhonoured
+from specbatch.data.openai_params import RECORD_UNHONOURED, unhonoured
 
 _Split = tuple[dict[str, Any], dict[str, Any]]  # (known fields by our names, unknown fields)
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -89,8 +89,8 @@ LOOKALIKE_FIELDS: dict[str, str] = {"choices": "choice"}
 
 @dataclass(frozen=True)
 class ValidationLimits:
-    max_new_tokens_limit: int = 131072
-    max_temperature: float = 100.0
+    max_new_tokens_limit: int = MAX_NEW_TOKENS
+    max_temperature: float = MAX_TEMPERATURE
     max_seed: int = 2**63 - 1
     max_stops: int = 16
     max_id_chars: int = 512
@@ -206,6 +206,10 @@ class Validator:
                 hint = f"give it as one of {', '.join(stands_for)}" if ours is None else \
                     f"name it {ours} (or map it: --column {ours}={key})"
                 raise Drop("misnamed_field", f"field {key!r} is not read by specbatch, which would ignore it: {hint}")
+        if (refused := unhonoured(extra, RECORD_UNHONOURED)) is not None:  # as in an OpenAI body
+            name, what = refused
+            raise Drop("unsupported_parameter", f"field {name!r} ({_describe(extra[name])}) asks for {what}, which "
+                                                "specbatch does not do; remove it or give its default")
 
     def _split_openai(self, record: dict[str, Any], request: Request) -> _Split:
         if record.get("custom_id") is None:
