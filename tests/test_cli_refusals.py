@@ -52,6 +52,16 @@ def test_bad_set_yaml_through_the_cli_is_one_line_and_exit_2(tmp_path):
     assert "seed" in _one_error_line(_cli("submit", str(data), "--set", "seed=[1,", cwd=tmp_path))
 
 
+def test_a_field_mapped_twice_is_refused_not_settled_by_the_last(tmp_path):
+    """`--column prompt=text --column prompt=label` ran every record on `label`, silently."""
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\nhello,1\n")
+    line = _one_error_line(_cli("submit", str(data), "--column", "prompt=text", "--column", "prompt=label",
+                                cwd=tmp_path))
+    assert "--column maps prompt more than once" in line
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_a_fifo_dataset_is_refused_without_waiting_for_a_writer(tmp_path):
     fifo = tmp_path / "prompts.jsonl"
     os.mkfifo(fifo)

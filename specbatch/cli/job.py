@@ -160,11 +160,18 @@ def _job_config(config: Path | None, overrides: list[str]) -> JobConfig:
 
 
 def _column_map(column: list[str]) -> dict[str, str] | None:
+    """field -> source column; a field mapped twice is refused, not settled by the last one given:
+    which of two columns holds the prompts is for the user to say."""
     from specbatch.config import ConfigError
 
     if any("=" not in item for item in column):
         raise ConfigError(f"--column expects field=source_column, got {column}")
-    return dict(item.split("=", 1) for item in column) if column else None
+    pairs = [item.split("=", 1) for item in column]
+    fields = [field for field, _ in pairs]
+    twice = sorted({field for field in fields if fields.count(field) > 1})
+    if twice:
+        raise ConfigError(f"--column maps {', '.join(twice)} more than once: {column}")
+    return dict(pairs) if pairs else None
 
 
 def _start_prefect_and_check(parameters: dict[str, Any], job_config: JobConfig, job_dir: str,
