@@ -418,6 +418,17 @@ def test_parquet_written_by_pandas_with_missing_numbers(tmp_path: Path) -> None:
     assert [row["temperature"] for row in rows] == [CONFIG.sampling.temperature, 0.5, CONFIG.sampling.temperature]
 
 
+def test_parquet_written_by_pandas_with_a_missing_id(tmp_path: Path) -> None:
+    """An integer id column with a missing value is float64 in pandas: its ids are the integers (every
+    record was dropped as `invalid_id` for 1.0, 2.0), the missing one positional; 1.5 stays invalid."""
+    pandas = pytest.importorskip("pandas")
+    dataset = tmp_path / "d.parquet"
+    pandas.DataFrame({"id": [7, None, 9, 2.5], "prompt": ["a", "b", "c", "d"]}).to_parquet(dataset)
+    rows = run(dataset, tmp_path)
+    assert [(row["request_id"], row["drop_reason"]) for row in rows] == [
+        ("7", None), ("rec-000000001", None), ("9", None), ("rec-000000003", "invalid_id")]
+
+
 def test_parquet_chat_messages_column(tmp_path: Path) -> None:
     dataset = tmp_path / "chat.parquet"
     pq.write_table(pa.table({"id": ["m"], "messages": [USER_HI]}), dataset)

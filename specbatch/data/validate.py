@@ -285,11 +285,13 @@ class Validator:
         return text
 
     def _claim_id(self, value: Any, name: str, position: int) -> str:
-        """The record's id (positional when absent); refuses ids that an earlier record used."""
+        """The record's id (positional when absent); refuses ids that an earlier record used. A whole
+        number stored as a float is the integer (pandas writes an integer id column with a missing
+        value as float64: every id 1.0, 2.0, ... was `invalid_id`)."""
         if value is None:
             request_id = positional_id(position)
-        elif type(value) is int:
-            request_id = str(value)
+        elif type(value) is int or (type(value) is float and value.is_integer()):
+            request_id = str(int(value))
         elif isinstance(value, str) and value.strip() and len(value) <= self.limits.max_id_chars:
             request_id = _checked_text(value, name)
         else:
