@@ -74,6 +74,21 @@ def test_a_forced_resume_over_a_changed_dataset_says_what_it_runs(tmp_path, tiny
     assert len(notices) == 1 and "the 2 records read then" in notices[0] and "not run" in notices[0]
 
 
+def test_a_saved_dataset_dicts_unread_splits_are_named_on_the_terminal(tmp_path, tiny_pair):
+    """A DatasetDict runs its train split: validation and test were left out in silence."""
+    datasets = pytest.importorskip("datasets")
+    target, draft, _ = tiny_pair
+    splits = {name: datasets.Dataset.from_dict({"prompt": [f"def {name}():"]}) for name in ("train", "test", "val")}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
+    notices: list[str] = []
+    config = load_config(None, [f"models.target={target}", f"models.draft={draft}"])
+    manifest = prepare(tmp_path / "dd", tmp_path / "job", config, notice=notices.append)
+    assert manifest.dataset.num_records == 1
+    assert len(notices) == 1 and "holds splits train, test, val: the job reads train only" in notices[0]
+    prepare(tmp_path / "dd", tmp_path / "job", config, notice=notices.append)  # a resume: said once, at ingest
+    assert len(notices) == 1
+
+
 def test_speed_changes_are_taken_and_recorded(tmp_path, tiny_pair):
     dataset, job_dir, base = _prepared(tmp_path, tiny_pair)
     prepare(dataset, job_dir, load_config(None, base))

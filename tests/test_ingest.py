@@ -460,6 +460,8 @@ def test_hf_saved_dataset_dict_uses_train_split(tmp_path: Path) -> None:
               "test": datasets.Dataset.from_dict({"prompt": ["c"]})}
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
     assert [row["prompt"] for row in run(tmp_path / "dd", tmp_path)] == ["a", "b"]
+    assert ingest.unread_splits(resolve_dataset(tmp_path / "dd")) == ["test"]  # prepare says so (test_config_drift)
+    assert [row["prompt"] for row in run(tmp_path / "dd" / "test", tmp_path / "t")] == ["c"]  # a split's folder
 
 
 def test_hf_local_csv_with_column_map(tmp_path: Path) -> None:

@@ -343,6 +343,18 @@ def _load_hf_saved(path: Path) -> Any:
     return loaded
 
 
+def unread_splits(source: DatasetSource) -> list[str]:
+    """The splits of a saved DatasetDict that the job does not read (it reads `train`): whoever saved
+    train, validation and test must hear that two of them do not run. From `dataset_dict.json`."""
+    if source.format != "hf_saved":
+        return []
+    try:
+        splits = json.loads((Path(source.path) / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+    except (OSError, ValueError, KeyError, TypeError):  # not a DatasetDict
+        return []
+    return [str(split) for split in splits if split != "train"] if "train" in splits else []
+
+
 def _hf_saved_batches(path: Path) -> Iterator[pa.Table]:
     yield from _load_hf_saved(path).with_format("arrow").iter(batch_size=BATCH_ROWS)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specbatch.config import JobConfig
-from specbatch.data.ingest import resolve_dataset
+from specbatch.data.ingest import resolve_dataset, unread_splits
 from specbatch.data.shards import shard_dataset
 from specbatch.engine.dtype_choice import AUTO, concrete_dtype
 from specbatch.engine.loading import context_limit, load_tokenizer
@@ -68,6 +68,9 @@ def prepare(dataset: Location, job_dir: Location, config: JobConfig, force: bool
             return update_manifest(job_dir, lambda m: record_config(m, config, changes, forced=bool(refused)), epoch)
     if not is_url(job_dir):
         Path(job_dir).mkdir(parents=True, exist_ok=True)
+    if skipped := unread_splits(source):
+        notice(f"dataset {source.path} holds splits train, {', '.join(skipped)}: the job reads train only; "
+               f"pass a split's folder ({Path(source.path) / skipped[0]}) to run another")
     manifest = new_manifest(location_name(job_dir), source.path, source.format, config, source.column_map)
     manifest.status, manifest.lease_epoch = "ingesting", epoch
     save_manifest(job_dir, manifest)
