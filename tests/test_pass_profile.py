@@ -182,3 +182,19 @@ def test_a_ledger_fit_prices_wide_kv_apart_and_reads_ledgers_from_before_it():
     assert fitted.wide_kv_tokens_read == pytest.approx(0.0015, rel=0.01)
     older = pa.Table.from_pylist([{k: v for k, v in row.items() if k != "num_wide_kv_tokens_read"} for row in rows])
     assert CostModel.fit(older).wide_kv_tokens_read == 0.0
+
+
+def test_a_ledger_fit_prices_drafting_by_lookup():
+    """n-gram and suffix drafting run no pass, but their rows and indexed tokens cost host time: a fit
+    that left them out priced a real job's lookups at nothing in its simulation."""
+    truth = CostModel(0.5, target_passes=0.5, target_rows=0.05, draft_passes=0.0, draft_rows=0.0,
+                      kv_tokens_read=0.0, lookup_rows=0.05, lookup_tokens=0.01)
+    rows = []
+    for i in range(40):
+        lookups, indexed, positions = i % 3, (150 if i % 7 == 0 else i % 4), 1 + 3 * (i // 3 % 3)
+        rows.append({"num_target_passes": 1, "num_target_rows": positions, "num_lookup_rows": lookups,
+                     "num_indexed_tokens": indexed * bool(lookups),
+                     "round_ms": truth.predict_ms(1, positions) + truth.lookup_ms(lookups, indexed * bool(lookups))})
+    fitted = CostModel.fit(pa.Table.from_pylist(rows))
+    assert (fitted.lookup_rows, fitted.lookup_tokens) == (pytest.approx(0.05, rel=0.01), pytest.approx(0.01, rel=0.01))
+    assert fitted.predict_rounds(pa.Table.from_pylist(rows)) == pytest.approx([row["round_ms"] for row in rows])

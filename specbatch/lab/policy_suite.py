@@ -91,7 +91,8 @@ def _quantile(values: list[float], q: float) -> float:
 def rounds_table(recorders: list[MemoryRecorder]) -> pa.Table:
     """The `rounds` columns CostModel.fit reads, from in-memory records."""
     names = ("num_target_passes", "num_target_rows", "num_padded_target_rows", "num_draft_passes",
-             "num_draft_rows", "num_padded_draft_rows", "num_kv_tokens_read", "num_wide_kv_tokens_read", "round_ms")
+             "num_draft_rows", "num_padded_draft_rows", "num_kv_tokens_read", "num_wide_kv_tokens_read",
+             "num_lookup_rows", "num_indexed_tokens", "round_ms")
     rounds = [r for recorder in recorders for r in recorder.rounds]
     return pa.table({name: [getattr(r, name) for r in rounds] for name in names})
 

@@ -1,7 +1,7 @@
 """Round time from the work a round does, fitted by least squares from `rounds` ledger rows.
 
     round_ms ≈ c0 + c_tp·target_passes + c_tr·target_rows + c_dp·draft_passes + c_dr·draft_rows
-               + c_kv·kv_tokens_read + c_wkv·wide_kv_tokens_read
+               + c_kv·kv_tokens_read + c_wkv·wide_kv_tokens_read + c_lr·lookup_rows + c_lt·lookup_tokens
 
 `wide_kv_tokens_read` is the share of the KV read by rows of more than one position (verify rows
 with drafts, prefill chunks). The paged kernel (`engine/kernels/paged_attention.c`) lays a row of one
@@ -11,8 +11,12 @@ position: on the bundled pair a verify row of 3 positions read its KV at 2.5-4x 
 
 Rows include padding (padded positions cost as much as real ones). Drafting by lookup (n-gram, suffix)
 runs no pass but is host time all the same: c_lr per row it drafts for and c_lt per token it adds to
-a row's index (a suffix drafter indexes a row's whole prompt the first time the row drafts), learnt on
-the run from the draft phase's time (`online_cost.py`), not by `fit`. Coefficients are kept
+a row's index (a suffix drafter indexes a row's whole prompt the first time the row drafts). Fitted
+without them, a real job's lookups cost nothing in its simulation. Fitted on whole rounds, as here,
+they take a little of the verify pass they precede: 0.07-0.12 ms a row on the bundled pair at 1 row,
+where their drafting phase measured 0.05 (the online fit, `online_cost.py`, fits them on that phase
+alone; a job of a few lookup rounds cannot: two such rounds priced an indexed token at 0.08 ms and
+left nothing for the rest of any round). Coefficients are kept
 non-negative (a feature whose fitted cost is negative is dropped and the rest refitted) so the
 model is monotone in every input: the deadline prefill policy binary-searches over it.
 
@@ -33,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-FEATURES = ("target_passes", "target_rows", "draft_passes", "draft_rows", "kv_tokens_read", "wide_kv_tokens_read")
+FEATURES = ("target_passes", "target_rows", "draft_passes", "draft_rows", "kv_tokens_read", "wide_kv_tokens_read",
+            "lookup_rows", "lookup_tokens")
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class CostModel:
 
 def round_features(rounds: pa.Table) -> np.ndarray:
     """[rounds, 1 + FEATURES]: a column of ones (the intercept), then each feature of each round
-    (padding counted as work; a ledger from before wide KV reads were recorded reads 0 there)."""
+    (padding counted as work; a ledger from before wide KV reads or lookups were recorded reads 0 there)."""
     columns = rounds.to_pydict()
 
     def col(name: str) -> np.ndarray:
@@ -119,6 +124,8 @@ def round_features(rounds: pa.Table) -> np.ndarray:
         col("num_draft_rows") + col("num_padded_draft_rows"),
         col("num_kv_tokens_read"),
         col("num_wide_kv_tokens_read"),
+        col("num_lookup_rows"),
+        col("num_indexed_tokens"),
     ])
 
 
