@@ -271,6 +271,23 @@ def test_a_comparison_at_batch_1_costs_a_bounded_share_of_its_interval():
     assert gate.choice is True and 1 - sum(modes) / len(modes) < 0.1  # uncapped: 0.15
 
 
+@pytest.mark.parametrize(("proposes_from", "choice", "rounds"), [(0, True, 7), (9, True, 24), (None, False, 25)])
+def test_a_comparison_whose_drafting_proposed_nothing_yet_waits_for_its_share_cap(proposes_from, choice, rounds):
+    """A 1-row job's first rounds: lookups find no match (the row has said nothing its prompt repeats
+    yet), so drafting rounds commit 1 token like plain ones and take the lookups' 0.04 ms longer, on a
+    machine that times rounds alike. That measured the lookups' price and no draft, yet the gate chose
+    plain decoding on 2 rounds a mode, with no spread to doubt them (and the simulator's 1-row jobs then
+    kept to plain). Here drafting commits 2 tokens a round once it proposes (round 9: after the first
+    drafting block): the comparison waits for that, or for its share cap (8 rounds a mode, in blocks of
+    3, the catch-ups apart) where drafting never proposes."""
+    gate, modes = DraftGate(), []
+    while gate.choice is None:
+        proposes = gate.drafts and proposes_from is not None and len(modes) >= proposes_from
+        modes.append(gate.drafts)
+        gate.observe(1, 2 if proposes else 1, 0.88 if gate.drafts else 0.84, proposed=proposes)
+    assert (gate.choice, len(modes)) == (choice, rounds)
+
+
 def test_the_draft_caches_catch_up_after_plain_rounds_is_not_taken_for_drafting_s_cost():
     """Switching to drafting pays once for the tokens the plain rounds committed; a steady drafting
     round does not, and that is what drafting would run for an interval."""

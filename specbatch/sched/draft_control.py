@@ -98,7 +98,8 @@ class DraftControl:
             round_ms = record.round_ms - record.warmup_ms - draft_prefill_ms  # the fill: charge_drafting
             prefill_ms = min(self.prefill_ms, max(record.prefill_ms - draft_prefill_ms, 0.0))
             self.gate.observe(record.num_decode_rows, record.num_committed, round_ms, learning,
-                              self.full_catch_up_ms, record.num_prefill_rows, prefill_ms, self.drafting)
+                              self.full_catch_up_ms, record.num_prefill_rows, prefill_ms, self.drafting,
+                              record.num_proposed > 0)
             self.gate.charge_drafting(draft_prefill_ms)
 
 
@@ -161,7 +162,12 @@ class DraftGate:
     *interval* that doubles from `min_interval` to `max_interval` rounds while comparisons confirm
     the choice and starts again when one does not. Ties go to plain decoding (drafting must be
     `margin` faster); a plain choice that drafting led, where the policy drafted and not as a trial,
-    runs 1/`close_call_recheck` of the interval.
+    runs 1/`close_call_recheck` of the interval. A comparison whose drafting rounds have proposed
+    nothing yet (lookups that found no match: a job's first rows, before their text repeats) has
+    measured the lookups' price and not one draft, and two such rounds time alike: it settles only at
+    its share of the interval (or as a trial), not by standard errors nor by drafting's budget: in the
+    simulator, 1-row jobs of suffix, n-gram and draft rows settled such a first comparison for plain
+    decoding within 2 rounds a mode and kept to it (issue 43's `sim_agreement.py`).
     Earlier comparisons count at `memory` times their weight per comparison since.
     After a plain choice the interval is at least long enough that the next comparison's catch-up
     (`catch_up_ms`, priced from empty caches) costs 1/`catch_up_share` of its plain decoding.
@@ -210,6 +216,7 @@ class DraftGate:
     _drafting: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # this comparison's (tokens, ms)
     _trial: bool = field(default=False, init=False)  # whether this comparison's drafts are a trial (`note_trial`)
     _drafted: bool = field(default=False, init=False)  # whether this comparison's drafting rounds planned drafts
+    _proposed: bool = field(default=False, init=False)  # whether its counted drafting rounds proposed any
     # what this comparison's trials spent catching rows up, priced (`AdaptiveLookahead._trial`: a plain round in all)
     trial_catch_up_ms: float = field(default=0.0, init=False)
 
@@ -220,12 +227,13 @@ class DraftGate:
 
     def observe(self, num_rows: int, num_committed: int, round_ms: float, learning: bool = False,
                 catch_up_ms: float = 0.0, num_prefill_rows: int = 0, prefill_ms: float = 0.0,
-                drafted: bool = True) -> None:
+                drafted: bool = True, proposed: bool = True) -> None:
         """One round's decode rows, committed tokens and time (its prefill included, its draft cache
         fill not); `learning`: drafting's cost not yet measured; `catch_up_ms`: what filling the
         batch's draft caches from empty would cost; `num_prefill_rows`: rows the round prefilled,
         `prefill_ms` what they added to its time (left out of the comparison); `drafted`: the round
-        planned drafts for some row (a drafting block's round may plan none)."""
+        planned drafts for some row (a drafting block's round may plan none); `proposed`: some row's
+        drafter proposed drafts (a lookup may find none)."""
         self._catch_up_ms = catch_up_ms
         self._engine_ms += max(round_ms, 0.0)
         round_ms -= prefill_ms
@@ -257,6 +265,7 @@ class DraftGate:
         else:
             self._sums[self.drafts].add(num_committed, round_ms)
             self._compared[self.drafts] += 1
+            self._proposed = self._proposed or (self.drafts and proposed)
         self._block += 1
         if self._settled():
             self._decide()
@@ -311,6 +320,8 @@ class DraftGate:
             return False
         if self._trial:
             return True
+        if not self._proposed:  # drafting not measured yet: only the share cap ends it
+            return min(self._compared.values()) >= self.interval // self.max_compare_share
         if self.over_budget and drafting.rate < plain.rate - (drafting.variance + plain.variance) ** 0.5:
             return True  # a comparison drafting is losing (by a standard error) stops at its price
         if min(self._compared.values()) >= self.interval // self.max_compare_share:
@@ -339,5 +350,5 @@ class DraftGate:
             self._left = max(self.interval // self.close_call_recheck, repaying)
         self._sums = {mode: sums.decayed(self.memory) for mode, sums in self._sums.items()}
         self._compared = {True: 0, False: 0}
-        self._trial = self._drafted = False
+        self._trial = self._drafted = self._proposed = False
         self.trial_catch_up_ms = 0.0
