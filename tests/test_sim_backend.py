@@ -161,6 +161,26 @@ def test_a_lookup_that_finds_no_match_proposes_nothing_and_verifies_its_pending_
         assert record.num_target_rows - record.num_prefill_tokens == record.num_decode_rows + record.num_proposed
 
 
+def test_a_matched_lookup_offers_each_further_draft_at_its_continue_rate():
+    """A suffix lookup stops where its continuation's confidence drops: with continue rate 0 every
+    matched lookup proposes 1 draft of a planned 4, with 0.5 about 1 + 0.5 + 0.25 + 0.125, and every
+    verify window is 1 + what was proposed."""
+    config = load_config(None, ["capacity.max_context=256", "drafter.kind=suffix", "scheduler.lookahead=fixed:4",
+                                "scheduler.max_batch_rows=8"])
+
+    def proposed(rate: float) -> list[int]:
+        rows = [Row(f"s{i}", [1] * 6, SamplingParams(max_new_tokens=60)) for i in range(16)]
+        recorder, _ = sim_run(config, rows, {r.request_id: (60, False) for r in rows},
+                              DomainAcceptance({"*": (1.0, 1.0)}), lookup_continue_rate={"suffix": rate})
+        for record in recorder.rounds:
+            assert record.num_target_rows - record.num_prefill_tokens == record.num_decode_rows + record.num_proposed
+        return [step.num_proposed for step in recorder.steps if step.k == 4]
+
+    assert set(proposed(0.0)) == {1}
+    assert 1.75 < sum(halves := proposed(0.5)) / len(halves) < 2.0 and max(halves) == 4
+    assert set(proposed(1.0)) == {4}
+
+
 def test_each_drafter_draws_a_rows_acceptance_from_its_own_model():
     """With a DrafterAcceptance, a step's accepted prefix follows the α of the drafter that drafted it:
     here suffix drafts are always accepted and n-gram drafts never; a drafter without a model is refused."""

@@ -135,6 +135,8 @@ def simulate(
                                                "row's α under KIND is its α times SCALE (default 1)")] = "",
     lookup_match: Annotated[str, typer.Option(help="KIND=SHARE,...: the share of a lookup drafter's (ngram, "
                                               "suffix) lookups that find a match (default 1)")] = "",
+    lookup_continue: Annotated[str, typer.Option(help="KIND=SHARE,...: the share of a matched lookup's drafts "
+                                                 "after its first that it offers, up to k (default 1)")] = "",
     set_: Annotated[list[str], typer.Option("--set", help="override any config field: key=value")] = [],  # noqa: B006
 ) -> None:
     """Drive the real scheduler and policies on a virtual clock: one job per policy, then a report."""
@@ -150,7 +152,9 @@ def simulate(
         options = SimOptions(timing_noise=timing_noise, shared_prefix_tokens=int(tokens),
                              num_prefixes=int(num_prefixes or 1),
                              drafter_alpha_scale=_kind_values(drafter_alpha, "--drafter-alpha", "SCALE"),
-                             lookup_match_rate=_kind_values(lookup_match, "--lookup-match", "SHARE", upper=1.0))
+                             lookup_match_rate=_kind_values(lookup_match, "--lookup-match", "SHARE", upper=1.0),
+                             lookup_continue_rate=_kind_values(lookup_continue, "--lookup-continue", "SHARE",
+                                                               upper=1.0))
         study = simulate_policies(job_config, requests, arrival, [p for p in policies.split(",") if p], workers,
                                   output, seed=seed, acceptance=acceptance, cost_model=cost_model,
                                   options=options, console=console)

@@ -83,6 +83,8 @@ class SimOptions:
     drafter_alpha_scale: tuple[tuple[str, float], ...] = ()
     # the share of a lookup drafter's lookups (n-gram, suffix) that find a match (1 if absent)
     lookup_match_rate: tuple[tuple[str, float], ...] = ()
+    # the share of a matched lookup's drafts after its first that it offers, up to k (1 if absent)
+    lookup_continue_rate: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.step_sample_every < 0 or self.records_per_part < 1:
@@ -95,6 +97,8 @@ class SimOptions:
             raise ValueError(f"timing_noise must be >= 0, got {self.timing_noise}")
         if not all(0.0 <= rate <= 1.0 for _, rate in self.lookup_match_rate):
             raise ValueError(f"a lookup match rate is a share in [0, 1], got {self.lookup_match_rate}")
+        if not all(0.0 <= rate <= 1.0 for _, rate in self.lookup_continue_rate):
+            raise ValueError(f"a lookup continue rate is a share in [0, 1], got {self.lookup_continue_rate}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
         if self.max_waiting_per_worker is not None and self.max_waiting_per_worker < 1:
@@ -143,7 +147,8 @@ def simulate(
     sampled = None if options.step_sample_every == 1 else state.sampled
     state.workers = [new_worker(config, cost, acceptance, state.outputs, job_dir, w, sampled, scheduler_cost_model,
                                 options.timing_noise, options.shared_prefix_tokens > 0,
-                                dict(options.drafter_alpha_scale), dict(options.lookup_match_rate))
+                                dict(options.drafter_alpha_scale), dict(options.lookup_match_rate),
+                                dict(options.lookup_continue_rate))
                      for w in range(options.workers)]
     state.in_busy = [False] * options.workers
     collector = SummaryCollector(len(requests), math.ceil(options.warmup_fraction * len(requests)))

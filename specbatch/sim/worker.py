@@ -74,6 +74,7 @@ def build_sim_engine(
     shared_prefixes: bool = False,
     drafter_alpha_scale: Mapping[str, float] | None = None,
     lookup_match_rate: Mapping[str, float] | None = None,
+    lookup_continue_rate: Mapping[str, float] | None = None,
 ) -> tuple[Engine, VirtualClock]:
     """An `Engine` whose backend and clock are simulated; everything else is the real thing.
 
@@ -84,7 +85,7 @@ def build_sim_engine(
     simulated prompt is the same filler token and would match every other whole. A job of several
     drafters (`drafter.kind`) draws a row's acceptance under drafter d as its α times
     `drafter_alpha_scale[d]`; a lookup by drafter d matches with probability `lookup_match_rate[d]`
-    (`SimBackend`)."""
+    and offers each draft after its first with probability `lookup_continue_rate[d]` (`SimBackend`)."""
     if not shared_prefixes:
         config = config.model_copy(update={"cache": config.cache.model_copy(update={"prefix": False})})
     context = sim_max_context(config)
@@ -92,7 +93,7 @@ def build_sim_engine(
     buckets = job_buckets(config)
     clock = VirtualClock()
     backend = SimBackend(cost, acceptance, clock, buckets, slot_len, config.drafter.kind, outputs, config.seed,
-                         timing_noise, worker_id, drafter_alpha_scale, lookup_match_rate)
+                         timing_noise, worker_id, drafter_alpha_scale, lookup_match_rate, lookup_continue_rate)
     limits = EngineLimits(context, sim_kv_capacity_tokens(config, slot_len), frozenset({SIM_EOS_TOKEN_ID}),
                           sim_decode)
     return build_engine(config, backend, limits, recorder, worker_id, clock, scheduler_cost), clock
@@ -171,10 +172,12 @@ def new_worker(
     shared_prefixes: bool = False,
     drafter_alpha_scale: Mapping[str, float] | None = None,
     lookup_match_rate: Mapping[str, float] | None = None,
+    lookup_continue_rate: Mapping[str, float] | None = None,
 ) -> SimWorker:
     """A worker writing parts into job_dir (`sampled_steps` None: every step is recorded)."""
     writer = PartWriter(job_dir, worker_id, RUN_ID, every_requests=2**62, every_s=float("inf"), durable=False)
     recorder: Recorder = writer if sampled_steps is None else StepSampler(writer, sampled_steps)
     engine, clock = build_sim_engine(config, cost, acceptance, outputs, recorder, worker_id, scheduler_cost,
-                                     timing_noise, shared_prefixes, drafter_alpha_scale, lookup_match_rate)
+                                     timing_noise, shared_prefixes, drafter_alpha_scale, lookup_match_rate,
+                                     lookup_continue_rate)
     return SimWorker(worker_id, engine, clock, writer)
