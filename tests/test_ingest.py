@@ -7,6 +7,7 @@ chat rendering and `prompt_too_long` are in test_shards.py.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import shutil
 from pathlib import Path
@@ -178,6 +179,45 @@ def test_utf8_bom_and_crlf(tmp_path: Path) -> None:
     dataset.write_bytes(b"\xef\xbb\xbf" + jl(prompt="first") + b"\r\n" + jl(prompt="second") + b"\r\n")
     rows = run(dataset, tmp_path)
     assert [(r["prompt"], r["drop_reason"]) for r in rows] == [("first", None), ("second", None)]
+
+
+def test_cr_only_line_endings_give_one_record_per_line(tmp_path: Path) -> None:
+    """Classic Mac OS ends lines with CR alone: read up to each newline the whole file was one line, one
+    `invalid_json` row for every record in it. Each CR ends a line, as LF does; blank lines stay none."""
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b"\xef\xbb\xbf" + jl(id="a", prompt="first") + b"\r" + b"{not json\r\r"
+                        + jl(id="c", prompt="third", stop=["\r\n"]) + b"\r" + b'{"id": "big", "prompt": "'
+                        + b"x" * 12_000 + b'"}\r' + jl(id="e", prompt="after big"))
+    rows = run(dataset, tmp_path, limits=LIMITS)
+    assert [(r["position"], r["request_id"], r["prompt"], r["drop_reason"]) for r in rows] == [
+        (0, "a", "first", None), (1, positional_id(1), None, "invalid_json"), (3, "c", "third", None),
+        (4, positional_id(4), None, "record_too_large"), (5, "e", "after big", None)]
+
+
+def test_cr_only_openai_batch_file_is_detected_as_one(tmp_path: Path) -> None:
+    dataset = tmp_path / "batch.jsonl"
+    bodies = [jl(custom_id=f"c-{i}", method="POST", url="/v1/completions", body={"prompt": f"p{i}"})
+              for i in range(2)]
+    dataset.write_bytes(b"\r".join(bodies) + b"\r")
+    assert detect_format(dataset) == "openai_batch"
+    assert [(r["request_id"], r["prompt"]) for r in run(dataset, tmp_path)] == [("c-0", "p0"), ("c-1", "p1")]
+
+
+@pytest.mark.parametrize(("content", "cr_only"), [
+    (b"x" * 10 + b"\r\n", False),  # the size limit cuts the CRLF after its CR
+    (b"x" * 10 + b"\ry", True), (b"x" * 25 + b"\ry", True),  # a first line past the limit decides at its end
+    (b"x" * 25 + b"\n\r", False), (b"x\r", True), (b"x", False), (b"", False),
+])
+def test_which_files_end_their_lines_with_cr(content: bytes, cr_only: bool) -> None:
+    assert ingest._ends_lines_with_cr(io.BytesIO(content), 10) is cr_only
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"])
+def test_a_stray_cr_inside_a_line_of_an_lf_or_crlf_file_splits_nothing(tmp_path: Path, ending: bytes) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b'{"id": "a",\r"prompt": "first"}' + ending + jl(id="b", prompt="second") + ending)
+    rows = run(dataset, tmp_path)
+    assert [(r["position"], r["request_id"], r["drop_reason"]) for r in rows] == [(0, "a", None), (1, "b", None)]
 
 
 def test_files_joined_with_cat_keep_each_ones_bom_out_of_its_first_record(tmp_path: Path) -> None:

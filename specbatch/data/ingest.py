@@ -17,9 +17,11 @@ in record batches.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path, PurePosixPath
@@ -149,7 +151,7 @@ def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES
 
 def iter_json_lines(path: Path | str, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RawRecord]:
     """One record per non-blank line; whitespace-only lines are skipped silently (no record)."""
-    with open_input(path) as file:
+    with _open_json_lines(path, max_record_bytes) as file:
         for position, line in enumerate(_lines(file, max_record_bytes)):
             if line is None:
                 yield RawRecord(
@@ -176,6 +178,46 @@ def _lines(file: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
         while (chunk := file.readline(1 << 20)) and not chunk.endswith(b"\n"):
             pass
         yield None
+
+
+@contextmanager
+def _open_json_lines(path: Path | str, max_bytes: int) -> Iterator[IO[bytes]]:
+    """The file opened for `_lines`; one whose lines end in a bare CR (classic Mac OS) is read with each
+    CR as a newline, which `readline` alone would give as one line of the whole file (one `invalid_json`
+    row, or `record_too_large`). Splitting there is safe: JSON holds no raw CR inside a string."""
+    with open_input(path) as file:
+        cr_only = _ends_lines_with_cr(file, max_bytes)
+        file.seek(0)
+        yield io.BufferedReader(_CarriageReturnsAsNewlines(file), 1 << 20) if cr_only else file
+
+
+def _ends_lines_with_cr(file: IO[bytes], max_bytes: int) -> bool:
+    """Whether the file's first line break is a CR alone: its first line, read up to a newline in
+    bounded chunks, holds a CR and no newline. A CRLF file's first line ends in a newline, so a stray
+    CR inside a line of an LF or CRLF file changes nothing."""
+    while (chunk := file.readline(max_bytes + 1)) and b"\r" not in chunk and not chunk.endswith(b"\n"):
+        pass  # a first line past the limit without a CR yet: its end decides
+    cr = chunk.find(b"\r")
+    if cr < 0 or chunk.endswith(b"\n"):
+        return False
+    return cr < len(chunk) - 1 or file.read(1) != b"\n"  # a CRLF the size limit cut in two is not one
+
+
+class _CarriageReturnsAsNewlines(io.RawIOBase):
+    """A byte stream with each CR read as LF, for a file whose lines end in CR alone. A CR is never
+    part of a longer UTF-8 sequence, so bytes that are not UTF-8 stay `invalid_utf8` as they were."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__()
+        self._file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._file.read(len(buffer)).replace(b"\r", b"\n")
+        buffer[: len(data)] = data
+        return len(data)
 
 
 def _parse_line(position: int, line: bytes) -> RawRecord:
@@ -219,9 +261,8 @@ def _check_json_lines_file(path: Path | str) -> None:
 
 def _detect_json_lines(path: Path | str) -> str:
     """`openai_batch` if the first JSON object has `custom_id` and `body`, else `jsonl`."""
-    with open_input(path) as file:
-        _check_json_lines_bytes(path, file.read(6))
-        file.seek(0)
+    _check_json_lines_file(path)
+    with _open_json_lines(path, MAX_RECORD_BYTES) as file:
         head = islice(_lines(file, MAX_RECORD_BYTES), _PEEK_LINES)
         lines = (line for line in head if line and line.strip())
         for index, line in enumerate(lines):
