@@ -20,7 +20,7 @@ from specbatch.config import JobConfig, SamplingDefaults
 from specbatch.data import ingest
 from specbatch.data.ingest import DatasetError, RawRecord, detect_format, resolve_dataset
 from specbatch.data.shards import read_shard, shard_dataset
-from specbatch.data.validate import DROP_REASONS, ValidationLimits, Validator, positional_id
+from specbatch.data.validate import DROP_REASONS, Request, ValidationLimits, Validator, positional_id
 
 DATA = Path(__file__).parent / "data"
 CONFIG = JobConfig()
@@ -307,6 +307,27 @@ def test_an_openai_parameter_specbatch_does_not_honour_drops_its_record_by_name(
     line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", **body}}
     request = Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))
     assert request.drop_reason == "unsupported_parameter" and named in (request.drop_message or ""), request
+
+
+def completions(prompt: object) -> Request:
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt}}
+    return Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))
+
+
+def test_an_openai_prompt_given_as_a_list_of_one_string_is_that_prompt() -> None:
+    """OpenAI accepts `prompt: ["..."]`; it was dropped as `invalid_prompt` (prompt must be a string)."""
+    request = completions(["Once upon"])
+    assert (request.drop_reason, request.prompt) == (None, "Once upon"), request.drop_message
+
+
+@pytest.mark.parametrize(("prompt", "named"), [
+    (["one", "two"], "a list of 2 prompts, which OpenAI answers as 2 choices; specbatch answers one prompt"),
+    ([1, 2], "token ids"), ([[1, 2]], "token ids"),
+    ([], "prompt must be a string"), ([""], "empty"), (["a", 5], "prompt must be a string"),
+])
+def test_an_openai_prompt_list_that_is_not_one_text_prompt_is_dropped_saying_why(prompt, named) -> None:
+    request = completions(prompt)
+    assert request.drop_reason in ("invalid_prompt", "empty_prompt") and named in (request.drop_message or ""), request
 
 
 @pytest.mark.parametrize(("record", "named"), [

@@ -41,7 +41,7 @@ DROP_REASONS: dict[str, str] = {
     "duplicate_id": "an earlier record already used this id",
     "missing_prompt": "neither prompt nor messages is given",
     "prompt_and_messages": "both prompt and messages are given",
-    "invalid_prompt": "prompt is not a string",
+    "invalid_prompt": "prompt is not a string (nor, in an OpenAI batch body, a list of one string)",
     "empty_prompt": "prompt is empty or whitespace, or has no tokens",
     "invalid_messages": "messages is not a non-empty list of {role, content} objects",
     "no_chat_template": "chat messages, but the tokenizer has no chat template (or there is no tokenizer)",
@@ -324,7 +324,7 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
                                             "does not do; remove it or give its default")
     max_tokens = body.get("max_completion_tokens")
     return {
-        wanted: body.get(wanted),
+        wanted: _openai_prompt(body.get(wanted)) if wanted == "prompt" else body.get(wanted),
         "max_new_tokens": body.get("max_tokens") if max_tokens is None else max_tokens,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
@@ -332,6 +332,28 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
         "stop": body.get("stop"),
         "response_format": body.get("response_format"),
     }
+
+
+def _openai_prompt(prompt: Any) -> Any:
+    """A completions body's prompt: OpenAI's list form of one string is that string. A list of several
+    is as many prompts, each its own choice in OpenAI's answer; specbatch answers one prompt per request,
+    so that is dropped saying so, as is a prompt of token ids (specbatch reads text)."""
+    if not isinstance(prompt, list) or not prompt:
+        return prompt  # a string, or what `_prompt` refuses
+    if all(isinstance(item, str) for item in prompt):
+        if len(prompt) == 1:
+            return prompt[0]
+        raise Drop("invalid_prompt", f"body.prompt is a list of {len(prompt)} prompts, which OpenAI answers as "
+                                     f"{len(prompt)} choices; specbatch answers one prompt per request: give "
+                                     "each prompt its own line and custom_id")
+    if _token_ids(prompt) or all(isinstance(item, list) and _token_ids(item) for item in prompt):
+        raise Drop("invalid_prompt", "body.prompt holds token ids; specbatch reads text prompts only, give it "
+                                     "as a string")
+    return prompt
+
+
+def _token_ids(value: list[Any]) -> bool:
+    return bool(value) and all(type(item) is int for item in value)
 
 
 def _openai_extra(record: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
