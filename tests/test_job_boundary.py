@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -193,6 +194,27 @@ def test_a_damaged_part_wedges_nothing_status_report_and_resume(tmp_path, tiny_p
     run_workers.fn(str(job_dir))  # the resume moves both parts aside and runs their requests again
     assert sorted(ledger.read_table(job_dir, "results").column("request_id").to_pylist()) == ids
     assert {p.stem for p in (job_dir / "quarantine" / "results").iterdir()} == set(names[:2])
+
+
+def test_status_of_a_job_whose_results_part_is_damaged_says_so_in_one_line(tmp_path, tiny_pair):
+    """`status` showed `completed 0` with no word of why but what logging's last resort printed: a bare
+    line (two here: pyarrow's thrift error ends in a line break). Now one `warning:` line naming the file."""
+    from specbatch.config import load_config
+    from specbatch.job.flow import run_workers
+    from specbatch.job.prepare import prepare
+
+    target, draft, _ = tiny_pair
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text(json.dumps({"id": "r0", "prompt": "def add(a, b):", "max_new_tokens": 3}) + "\n")
+    job_dir = tmp_path / "job"
+    prepare(dataset, job_dir, load_config(None, [f"models.target={target}", f"models.draft={draft}"]))
+    run_workers.fn(str(job_dir))
+    [name] = ledger.committed_parts(job_dir)
+    _overwrite_inside(ledger.part_path(job_dir, "results", name), "footer")
+    done = _cli("status", str(job_dir), cwd=tmp_path)
+    assert done.returncode == 0 and re.search(r"completed\s+│ 0 ", done.stdout), done.stdout + done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("warning: skipping damaged part file") and f"results/{name}.parquet" in line, line
 
 
 def test_report_replaces_links_planted_at_its_outputs(tmp_path):

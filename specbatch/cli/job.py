@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -280,7 +282,9 @@ def status(job: Annotated[str, typer.Argument(help="job id, job directory, or a 
     missing: tuple[type[Exception], ...] = (FileNotFoundError, *usage_errors())
     try:
         manifest = load_manifest(job_dir)
-        summary = summarize(job_dir)
+        with _warnings_on_terminal("specbatch.ledger"):
+            summary = summarize(job_dir)
+            throughput = _throughput_line(job_dir)
     except missing as error:
         fail(f"no job at {job_dir}: {error}")
     except Exception as error:  # an object store without credentials, unreachable, or refusing access
@@ -292,7 +296,32 @@ def status(job: Annotated[str, typer.Argument(help="job id, job directory, or a 
         shards.add_row(shard.name, str(shard.num_records), str(shard.num_dropped), shard.status, str(shard.worker_id))
     console.print(shards)
     _print_summary(summary)
-    console.print(_throughput_line(job_dir))
+    console.print(throughput)
+
+
+class _TerminalWarnings(logging.Handler):
+    """Each record as one `warning:` line: an error's own line breaks (pyarrow's thrift errors end in
+    one) folded into spaces, and no wrapping at the terminal's width."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(line.strip() for line in record.getMessage().splitlines() if line.strip())
+        err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+@contextmanager
+def _warnings_on_terminal(name: str) -> Iterator[None]:
+    """Logger `name`'s warnings as one `warning:` line each on stderr while the block runs. The ledger
+    skips a part file it cannot read with a warning, which no handler showed but logging's last resort
+    (a bare line after the tables, where anything had configured no logging): `status` of a job whose
+    results part is damaged printed `completed 0` with nothing saying why."""
+    logger, handler = logging.getLogger(name), _TerminalWarnings(logging.WARNING)
+    propagate, logger.propagate = logger.propagate, False  # said here: not again by another handler
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _throughput_line(job_dir: str) -> str:
