@@ -52,6 +52,14 @@ def test_bad_set_yaml_through_the_cli_is_one_line_and_exit_2(tmp_path):
     assert "seed" in _one_error_line(_cli("submit", str(data), "--set", "seed=[1,", cwd=tmp_path))
 
 
+def test_an_empty_job_id_is_refused_not_replaced_by_a_generated_one(tmp_path):
+    """`--job-id ""` (a script's unset variable) ran the job under a new `job-<time>` id, so a resume
+    with the same command started another job."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    assert "job id is empty" in _one_error_line(_cli("submit", str(data), "--job-id", "", cwd=tmp_path))
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_a_field_mapped_twice_is_refused_not_settled_by_the_last(tmp_path):
     """`--column prompt=text --column prompt=label` ran every record on `label`, silently."""
     data = tmp_path / "d.csv"

@@ -66,7 +66,7 @@ def submit(
                                         prefill_chunk=prefill_chunk)
             try:
                 job_config = _job_config(config, overrides)  # validated here too: exit 2 before anything starts
-                job_id = check_job_id(job_id or default_job_id())
+                job_id = check_job_id(default_job_id() if job_id is None else job_id)
                 column_map = _column_map(column)
             except usage_errors() as error:
                 fail(str(error))

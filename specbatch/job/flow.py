@@ -240,7 +240,7 @@ def specbatch_job(
     logger = get_run_logger()
     try:
         job_config = load_config(Path(config) if config else None, overrides or [])
-        job_dir = join(output, check_job_id(job_id or default_job_id()))
+        job_dir = join(output, check_job_id(default_job_id() if job_id is None else job_id))
         check_placement(job_config, job_dir)
     except USAGE_ERRORS as error:
         return _unusable(str(error))

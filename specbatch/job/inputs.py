@@ -29,7 +29,10 @@ def default_job_id() -> str:
 def check_job_id(job_id: str) -> str:
     """A job id names a directory that DuckDB globs (`JOB/results/*.parquet`) and shells and part
     names quote: only [A-Za-z0-9._-], starting with a letter or digit, so no glob or list character
-    (`*?[]{},`), no NUL, no path separator, no leading `-` or `.`."""
+    (`*?[]{},`), no NUL, no path separator, no leading `-` or `.`. An empty id is refused by name: it is
+    given (`--job-id ""`, a script's unset variable), not left out, so no generated id stands in for it."""
+    if not job_id:
+        raise JobError("job id is empty; give one of letters, digits, '.', '_' and '-', or none for a generated one")
     if not _JOB_ID.fullmatch(job_id):
         raise JobError(f"job id {job_id!r} may use only letters, digits, '.', '_' and '-', must start with a "
                        f"letter or digit and be at most {MAX_JOB_ID_CHARS} characters")
