@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -119,6 +119,23 @@ class _Section(BaseModel):
     # no NaN or infinity (`--set io.part_every_s=.inf`): the manifest's JSON holds them as null, which
     # the job's next read refused as an internal failure
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A boolean only where the field is one: pydantic reads `true` as 1 for an int or float field,
+        so `--set scheduler.max_batch_rows=true` (meant as 'on', or a slip) ran one row per batch."""
+        if info.field_name is None or not _numeric(cls.model_fields[info.field_name].annotation):
+            return value
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(item, bool) for item in items):
+            raise ValueError(f"expected a number, not a boolean: {str(value).lower()}")
+        return value
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field's type is or holds a number (`int`, `float | None`, `tuple[int, ...]`)."""
+    return annotation in (int, float) or any(_numeric(arg) for arg in get_args(annotation))
 
 
 class ModelsConfig(_Section):

@@ -47,6 +47,21 @@ def test_a_set_value_past_what_a_job_can_hold_is_a_config_error(override, messag
         load_config(None, [override])
 
 
+@pytest.mark.parametrize("override", ["scheduler.max_batch_rows=true", "io.part_every_s=false", "seed=true",
+                                      "sampling.temperature=true", "buckets.batch_rows=[8, true]"])
+def test_a_boolean_for_a_number_is_a_config_error_not_1(override):
+    """pydantic reads `true` as 1 for an int or float field: max_batch_rows=true ran one row per batch."""
+    with pytest.raises(ConfigError, match="expected a number, not a boolean"):
+        load_config(None, [override])
+
+
+def test_booleans_and_numbers_still_load_where_they_belong():
+    config = load_config(None, ["models.native=false", "cache.prefix=true", "scheduler.max_batch_rows=4",
+                                "buckets.batch_rows=[8, 16]", "sampling.temperature=0", "capacity.kv_tokens=null"])
+    assert (config.models.native, config.cache.prefix, config.scheduler.max_batch_rows) == (False, True, 4)
+    assert (config.buckets.batch_rows, config.sampling.temperature, config.capacity.kv_tokens) == ((8, 16), 0.0, None)
+
+
 def test_bad_set_yaml_through_the_cli_is_one_line_and_exit_2(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     assert "seed" in _one_error_line(_cli("submit", str(data), "--set", "seed=[1,", cwd=tmp_path))
