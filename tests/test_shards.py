@@ -151,6 +151,27 @@ def test_chat_rendering_and_template_problems(tmp_path: Path, tokenizer: PreTrai
         assert [row["drop_reason"] for row in all_rows(job_dir)] == [reason, reason]
 
 
+def test_a_messages_name_reaches_the_chat_template(tmp_path: Path) -> None:
+    """OpenAI's `name` on a message was dropped before the template: one that writes it rendered every
+    speaker as unnamed. Records without a name (or with an empty one) render as before."""
+    named = build_tokenizer(
+        "{% for message in messages %}{{ message['role'] }}{% if message.name is defined %} "
+        "[{{ message.name }}]{% endif %}: {{ message['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    records = [
+        {"id": "named", "messages": [{"role": "user", "content": "hello", "name": "ada"},
+                                     {"role": "assistant", "content": "hi", "name": "bot"}]},
+        {"id": "plain", "messages": [{"role": "user", "content": "hello"}]},
+        {"id": "empty", "messages": [{"role": "user", "content": "hello", "name": ""}]},
+        {"id": "bad", "messages": [{"role": "user", "content": "hello", "name": 5}]},
+    ]
+    shard_dataset(write_jsonl(tmp_path / "d.jsonl", records), tmp_path / "job", config(), tokenizer=named)
+    rows = {row["request_id"]: row for row in all_rows(tmp_path / "job")}
+    assert rows["named"]["prompt"] == "user [ada]: hello\nassistant [bot]: hi\nassistant: "
+    assert rows["plain"]["prompt"] == rows["empty"]["prompt"] == "user: hello\nassistant: "
+    assert rows["bad"]["drop_reason"] == "invalid_messages" and "name must be a string" in rows["bad"]["drop_message"]
+
+
 def test_openai_batch_chat_round_trip(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     shard_dataset(DATA / "openai_batch.jsonl", tmp_path / "job", config(), tokenizer=tokenizer)
     rows = {row["request_id"]: row for row in all_rows(tmp_path / "job")}

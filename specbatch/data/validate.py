@@ -429,7 +429,18 @@ def _message(index: int, message: Any) -> dict[str, str]:
     if role not in ROLES:
         raise Drop("invalid_messages", f"messages[{index}].role must be one of {sorted(ROLES)}, "
                    f"got {_describe(role)}")
-    return {"role": role, "content": _content(index, message.get("content"))}
+    checked = {"role": role, "content": _content(index, message.get("content"))}
+    if (name := message.get("name")) not in (None, ""):  # an empty name, as some exports write, is none
+        checked["name"] = _name(index, name)
+    return checked
+
+
+def _name(index: int, name: Any) -> str:
+    """A message's `name` (OpenAI's participant name), passed to the chat template as given: it was
+    dropped, so a template that writes it rendered another conversation than the record's."""
+    if not isinstance(name, str):
+        raise Drop("invalid_messages", f"messages[{index}].name must be a string, got {_describe(name)}")
+    return _checked_text(name, f"messages[{index}].name")
 
 
 def _content(index: int, content: Any) -> str:
