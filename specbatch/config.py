@@ -368,6 +368,8 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError as error:
             raise ConfigError(f"config file not found: {path}") from error
+        except (OSError, UnicodeDecodeError) as error:  # a folder (`--config ""` is "."), unreadable, not text
+            raise ConfigError(f"cannot read config file {path}: {error}") from error
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
         if loaded is not None and not isinstance(loaded, dict):

@@ -75,6 +75,24 @@ def test_an_empty_job_id_is_refused_not_replaced_by_a_generated_one(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize(("flag", "message"), [
+    ("--output", "--output is empty"),  # was outputs/
+    ("--format", "unknown dataset format ''"),  # was the format detected from the name
+    ("--config", "cannot read config file .: [Errno 21] Is a directory"),  # was a traceback
+])
+def test_an_empty_path_or_format_flag_is_refused_not_read_as_its_default(tmp_path, flag, message):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    assert message in _one_error_line(_cli("submit", str(data), "--job-id", "j", flag, "", cwd=tmp_path))
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_config_file_that_is_not_text_is_a_config_error(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_bytes(b"\xff\xfe\x00seed: 1")
+    with pytest.raises(ConfigError, match="cannot read config file .*c.yaml"):
+        load_config(config)
+
+
 def test_a_field_mapped_twice_is_refused_not_settled_by_the_last(tmp_path):
     """`--column prompt=text --column prompt=label` ran every record on `label`, silently."""
     data = tmp_path / "d.csv"

@@ -68,6 +68,7 @@ def submit(
                 job_config = _job_config(config, overrides)  # validated here too: exit 2 before anything starts
                 job_id = check_job_id(default_job_id() if job_id is None else job_id)
                 column_map = _column_map(column)
+                _check_output(output)
             except usage_errors() as error:
                 fail(str(error))
             parameters = {"dataset": _absolute(dataset), "config": str(config.resolve()) if config else None,
@@ -174,6 +175,15 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
     if twice:
         raise ConfigError(f"--column maps {', '.join(twice)} more than once: {column}")
     return dict(pairs) if pairs else None
+
+
+def _check_output(output: str | None) -> None:
+    """`--output ""` is given, not left out: refused, not read as outputs/ (or a deployment's folder),
+    where the job's results would land unlooked-for."""
+    from specbatch.config import ConfigError
+
+    if output is not None and not output.strip():
+        raise ConfigError("--output is empty; give a folder or an object-store URL, or leave it out for outputs/")
 
 
 def _start_prefect_and_check(parameters: dict[str, Any], job_config: JobConfig, job_dir: str,

@@ -82,7 +82,7 @@ def resolve_dataset(
     if not (path.is_file() or path.is_dir()):  # reading a FIFO waits for a writer; a device never ends
         raise DatasetError(f"dataset {path} is not a regular file or a folder (a FIFO, socket or device); "
                            "write it to a file first")
-    fmt = dataset_format or detect_format(path)
+    fmt = detect_format(path) if dataset_format is None else dataset_format  # `--format ""` is unknown, not unsaid
     _check_format(path, fmt)
     mapping = _check_column_map(fmt, column_map or {})
     source = DatasetSource(path, fmt, mapping)
@@ -101,7 +101,7 @@ def _resolve_url(url: str, dataset_format: str | None, column_map: dict[str, str
     if not found:
         raise DatasetError(f"dataset not found: {url}")
     suffix = PurePosixPath(url).suffix.lower()
-    fmt = dataset_format or ("parquet" if suffix == ".parquet" else
+    fmt = dataset_format if dataset_format is not None else ("parquet" if suffix == ".parquet" else
                              _detect_json_lines(url) if suffix in _JSON_SUFFIXES else "")
     if fmt not in _URL_FORMATS:
         raise DatasetError(f"a dataset on an object store must be one of {', '.join(_URL_FORMATS)} "
