@@ -316,15 +316,17 @@ class DraftGate:
 
     def _settled(self) -> bool:
         drafting, plain = self._sums[True], self._sums[False]
-        if min(self._compared.values()) < self.min_compare_rounds:
+        fewest = min(self._compared.values())
+        if fewest < self.min_compare_rounds:
             return False
         if self._trial:
             return True
+        capped = fewest >= self.interval // self.max_compare_share
         if not self._proposed:  # drafting not measured yet: only the share cap ends it
-            return min(self._compared.values()) >= self.interval // self.max_compare_share
+            return capped
         if self.over_budget and drafting.rate < plain.rate - (drafting.variance + plain.variance) ** 0.5:
             return True  # a comparison drafting is losing (by a standard error) stops at its price
-        if min(self._compared.values()) >= self.interval // self.max_compare_share:
+        if capped:
             return True
         gap = abs(drafting.rate - plain.rate) - self.margin * plain.rate
         return gap > self.z * (drafting.variance + plain.variance) ** 0.5
