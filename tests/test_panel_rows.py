@@ -76,3 +76,19 @@ def test_machines_that_differ_only_in_their_processor_have_different_keys(tmp_pa
         assert name in keys[-1]
     host.cpu_name.cache_clear()
     assert keys[0] != keys[1]
+
+
+def test_processors_of_one_model_name_but_another_family_have_different_keys(tmp_path, monkeypatch):
+    """VMs on AMD EPYC Zen 4 and Zen 5 hosts both say `AMD EPYC`: a kernel built for one with
+    -march=native, or a peak measured on it, must not be read back on the other."""
+    keys = []
+    for family, flags in (("25", "fpu avx512f"), ("26", "fpu avx512f avx_vnni")):
+        cpuinfo = tmp_path / f"cpuinfo{family}"
+        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: {family}\nmodel\t\t: 2\n"
+                           f"flags\t\t: {flags}\n\nprocessor\t: 1\nmodel name\t: AMD EPYC\n")
+        monkeypatch.setattr(host, "CPUINFO", cpuinfo)
+        host.cpu_name.cache_clear()
+        keys.append(host.machine())
+        assert f"AMD EPYC (family {family} model 2 flags " in keys[-1]
+    host.cpu_name.cache_clear()
+    assert keys[0] != keys[1]
