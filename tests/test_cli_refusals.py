@@ -86,6 +86,17 @@ def test_an_empty_path_or_format_flag_is_refused_not_read_as_its_default(tmp_pat
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize("output", ["a-file", "a-file/jobs"])
+def test_an_output_folder_under_a_file_is_refused_before_the_job_starts(tmp_path, output):
+    """`--output` naming a file (or a folder below one) was a NotADirectoryError traceback from
+    Prefect's state folder, exit 1."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    (tmp_path / "a-file").write_text("not a folder")
+    line = _one_error_line(_cli("submit", str(data), "--job-id", "j", "--output", output, cwd=tmp_path))
+    assert f"--output {output}: a-file is a file, not a folder" in line
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
 def test_a_config_file_that_is_not_text_is_a_config_error(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_bytes(b"\xff\xfe\x00seed: 1")

@@ -179,11 +179,17 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
 
 def _check_output(output: str | None) -> None:
     """`--output ""` is given, not left out: refused, not read as outputs/ (or a deployment's folder),
-    where the job's results would land unlooked-for."""
+    where the job's results would land unlooked-for. A local output under a file (the folder, or one
+    above it, is a file) is refused before anything starts, not met as a traceback on the first write."""
     from specbatch.config import ConfigError
 
     if output is not None and not output.strip():
         raise ConfigError("--output is empty; give a folder or an object-store URL, or leave it out for outputs/")
+    if output is not None and not is_url(output):
+        folder = Path(output)
+        existing = next((path for path in (folder, *folder.parents) if path.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ConfigError(f"--output {output}: {existing} is a file, not a folder")
 
 
 def _start_prefect_and_check(parameters: dict[str, Any], job_config: JobConfig, job_dir: str,
