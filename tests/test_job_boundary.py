@@ -131,6 +131,21 @@ def test_damaged_parts_are_skipped_by_readers_then_quarantined(tmp_path, caplog)
     assert damaged_parts(job_dir) == {} and quarantine_damaged_parts(job_dir) == []
 
 
+@pytest.mark.parametrize("table", ["rounds", "steps", "requests"])
+def test_the_report_leaves_out_a_committed_part_whose_file_was_deleted(tmp_path, caplog, table):
+    """A committed part whose rounds (or steps, requests) file was deleted by hand failed the whole
+    report in DuckDB ("No files found"), a traceback."""
+    from specbatch.report import connect
+
+    job_dir = tmp_path / "j"
+    kept, deleted = _commit_parts(job_dir, ["a", "b"])
+    ledger.part_path(job_dir, table, deleted).unlink()
+    con = connect([job_dir])
+    assert con.execute("SELECT list(request_id ORDER BY request_id) FROM results").fetchone()[0] == ["a"]
+    assert f"leaving out part {deleted} ({table}/{deleted}.parquet is missing)" in caplog.text
+    assert ledger.committed_parts(job_dir) == [kept, deleted]  # nothing moved or deleted by the report
+
+
 def _overwrite_inside(path: Path, where: str) -> None:
     """16 bytes overwritten inside a part file, its size and trailing magic intact: in the footer's
     metadata, or in the first data page's header."""

@@ -105,11 +105,14 @@ def connect(
         try:
             committed = ledger.committed_parts(job_dir)
             damaged = damaged_parts(job_dir, committed, deep=True)  # results read whole: DuckDB reads them anyway
+            missing = _missing_files(job_dir, committed)
         except Exception as error:  # an object store that cannot be reached or read
             raise ReportError(f"cannot read {job_dir}: {error}") from error
         for name, key in damaged.items():
             log.warning("%s: leaving out part %s (%s is damaged; the job's next run re-runs it)", job_dir, name, key)
-        committed = [name for name in committed if name not in damaged]
+        for name, key in missing.items():
+            log.warning("%s: leaving out part %s (%s is missing)", job_dir, name, key)
+        committed = [name for name in committed if name not in damaged and name not in missing]
         if not committed:
             raise ReportError(f"{job_dir}: no committed parts (results/*.parquet); nothing to report")
         parts += [join(job_dir, "{table}", name + ledger.PART_SUFFIX) for name in committed]
@@ -127,6 +130,21 @@ def connect(
         con.execute("SET VARIABLE baseline_job = ?", [location_name(baseline)])
     con.execute((sql_dir() / "views.sql").read_text())
     return con
+
+
+def _missing_files(job_dir: str | Path, committed: list[str]) -> dict[str, str]:
+    """Committed parts one of whose table files is gone (deleted by hand after the commit: a part's
+    other files are written before its results file): part name -> the first missing file's key.
+    The views read every table's file of every part they are given, and one absent file failed the
+    whole report."""
+    storage = open_storage(job_dir)
+    present = {table: storage.sizes(table, ledger.PART_SUFFIX) for table in ledger.TABLES}
+    missing: dict[str, str] = {}
+    for name in committed:
+        absent = [table for table in ledger.TABLES if name + ledger.PART_SUFFIX not in present[table]]
+        if absent:
+            missing[name] = ledger.part_key(absent[0], name)
+    return missing
 
 
 def _description(sql: str) -> str:
