@@ -91,7 +91,7 @@ class CostModel:
         weights = 1.0 / np.maximum(y, 1e-3)
         coefficients = nonnegative_lstsq(design * weights[:, None], y * weights)
         relative = np.abs(design @ coefficients - y) * weights
-        typical = relative <= max(0.5, 5 * float(np.median(relative)))
+        typical = typical_rounds(relative)
         if 2 <= typical.sum() < len(y):
             coefficients = nonnegative_lstsq(design[typical] * weights[typical, None], y[typical] * weights[typical])
             relative = np.abs(design @ coefficients - y) * weights
@@ -127,6 +127,12 @@ def round_features(rounds: pa.Table) -> np.ndarray:
         col("num_lookup_rows"),
         col("num_indexed_tokens"),
     ])
+
+
+def typical_rounds(relative_errors: np.ndarray) -> np.ndarray:
+    """The rounds a fit keeps (module docstring): relative error at most max(50 %, 5 × the median).
+    The rest were slowed by something outside the job, or by a first round's cold start."""
+    return relative_errors <= max(0.5, 5 * float(np.median(relative_errors)))
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
