@@ -536,6 +536,34 @@ def test_hf_local_csv_with_column_map(tmp_path: Path) -> None:
     ]
 
 
+def test_csv_cells_are_the_files_text_except_in_the_number_fields(tmp_path: Path) -> None:
+    """A guessing reader made id `001` the integer 1 (then `1` a duplicate of it), `1e3` 1000 and a
+    prompt `NA` a missing one; the sampling numbers still read as numbers, an empty cell as missing."""
+    dataset = tmp_path / "d.csv"
+    dataset.write_text("id,prompt,max_new_tokens,temperature,zip\n"
+                       "001,NA,3,0.5,02134\n"
+                       "1,hello,,,\n"
+                       '007,"null",5.0,1e-1,007\n'
+                       "1e3,1e3,NA,0,\n"
+                       "0x10,True,,nan,x\n"
+                       ",no id,2,,\n")
+    rows = run(dataset, tmp_path)
+    tokens, temperature = CONFIG.sampling.max_new_tokens, CONFIG.sampling.temperature  # the defaults
+    assert [(r["request_id"], r["prompt"], r["max_new_tokens"], r["temperature"], r["drop_reason"]) for r in rows] == [
+        ("001", "NA", 3, 0.5, None), ("1", "hello", tokens, temperature, None), ("007", "null", 5, 0.1, None),
+        ("1e3", "1e3", tokens, 0.0, None), ("0x10", "True", tokens, temperature, None),
+        ("rec-000000005", "no id", 2, temperature, None)]
+    assert [json.loads(r["metadata"])["zip"] for r in rows] == ["02134", None, "007", None, "x", None]
+
+
+def test_a_csv_id_column_mapped_by_column_is_its_text(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.csv"
+    dataset.write_text("key,text,id\n001,first,5\n1,second,6\n")
+    rows = run(dataset, tmp_path, column_map={"id": "key", "prompt": "text"})
+    assert [(r["request_id"], r["prompt"], json.loads(r["metadata"])) for r in rows] == [
+        ("001", "first", {"id": "5"}), ("1", "second", {"id": "6"})]
+
+
 def test_hf_local_json_builder(tmp_path: Path) -> None:
     pytest.importorskip("datasets")
     dataset = write_lines(tmp_path / "d.jsonl", [jl(q="first?", n=1), jl(q="second?", n=2)])
@@ -558,7 +586,7 @@ def test_hf_local_json_builder(tmp_path: Path) -> None:
         ("d.jsonl", '{"prompt": "a"}\n'.encode("utf-16-be"), {"dataset_format": "jsonl"}, "NUL bytes: UTF-16"),
         ("d.jsonl", '{"prompt": "a"}\n'.encode("utf-32"), {}, "UTF-32 encoded"),  # was named UTF-16
         ("d.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n'), {"dataset_format": "jsonl"}, "gzip-compressed"),
-        ("d.csv", b'prompt,max_new_tokens\nhello,3\n"unterminated,4\n', {}, "builder 'csv'.*EOF inside string"),
+        ("d.csv", b'prompt,max_new_tokens\nhello,3\n"unterminated,4\n', {}, "d.csv as CSV.*parse error: Row #3"),
         ("batch.jsonl", jl(custom_id="a", body={}), {"column_map": {"prompt": "p"}}, "OpenAI"),
     ],
 )

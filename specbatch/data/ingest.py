@@ -11,8 +11,8 @@ A dataset may also be a URL on an object store (`s3://bucket/prompts.jsonl`, any
 system): JSON Lines, OpenAI batch files and Parquet are streamed from it the same way.
 
 Memory does not grow with the dataset: JSONL is read line by line (a line is read with a size limit,
-so even a gigabyte without a newline is skipped in bounded chunks), Parquet and Hugging Face datasets
-in record batches.
+so even a gigabyte without a newline is skipped in bounded chunks), Parquet, CSV and Hugging Face
+datasets in record batches.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specbatch.data.csv_rows import csv_batches, csv_column_names, number_columns
 from specbatch.storage import input_exists, is_url, open_input
 
 FIELDS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop", "domain",
@@ -88,6 +89,9 @@ def resolve_dataset(
     source = DatasetSource(path, fmt, mapping)
     if fmt in ("parquet", "hf_saved"):
         _check_columns(source, _table_columns(source))
+    elif fmt == "hf:csv":
+        for file in _csv_paths(source):
+            _check_columns(source, _csv_header(file))
     elif fmt.startswith("hf:") and (first := next(_hf_rows(source), None)) is not None:
         _check_columns(source, list(first))
     return source
@@ -146,6 +150,8 @@ def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES
         return _iter_table_rows(_parquet_batches(source.path))
     if source.format == "hf_saved":
         return _iter_table_rows(_hf_saved_batches(Path(source.path)))
+    if source.format == "hf:csv":
+        return _iter_table_rows(_csv_rows(source))
     return _iter_hf_files(source)
 
 
@@ -366,6 +372,26 @@ def _refusing_read_errors(items: Iterator[Any], what: str, errors: tuple[type[Ex
             raise DatasetError(f"cannot read {what} after record {count}: {error}") from error
         yield item
         count += records(item)
+
+
+def _csv_paths(source: DatasetSource) -> list[Path]:
+    path = Path(source.path)
+    return [path] if path.is_file() else [Path(file) for file in _data_files(path)]
+
+
+def _csv_header(file: Path) -> list[str]:
+    try:
+        return csv_column_names(file)
+    except (OSError, pa.ArrowException) as error:
+        raise DatasetError(f"cannot read {file} as CSV: {error}") from error
+
+
+def _csv_rows(source: DatasetSource) -> Iterator[pa.RecordBatch]:
+    """CSV, the `hf:csv` format (the name it had when datasets' builder read it), read by pyarrow with
+    every cell as its text but in the number fields (`data/csv_rows.py`): an id `001` stays `001`."""
+    numbers = number_columns(source.column_map, FIELDS)
+    batches = csv_batches(_csv_paths(source), numbers)
+    return _refusing_read_errors(batches, f"{source.path} as CSV", (OSError, pa.ArrowException), records=len)
 
 
 def _load_hf_saved(path: Path) -> Any:
