@@ -11,6 +11,7 @@ import io
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -601,19 +602,89 @@ def test_unusable_datasets_raise(
     assert not (tmp_path / "job").exists(), "nothing is written for an unusable dataset"
 
 
-def test_a_parquet_file_damaged_past_its_footer_is_a_dataset_error(tmp_path: Path) -> None:
-    """The footer reads, a data page does not: an internal failure with exit 1 before, though it is the
-    file's fault; now one line naming the file and how far it read."""
+def damage_row_group(path: Path, group: int) -> None:
+    """Overwrite the middle half of row group `group`'s first column chunk (its pages), leaving the
+    footer sound."""
+    chunk = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    first = chunk.dictionary_page_offset or chunk.data_page_offset
+    size = chunk.total_compressed_size
+    data = bytearray(path.read_bytes())
+    data[first + size // 4 : first + 3 * size // 4] = b"\xab" * (3 * size // 4 - size // 4)
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_parquet_row_group_drops_its_rows_and_the_others_run(tmp_path: Path) -> None:
+    """One damaged row group stopped the whole job (exit 2, nothing run); now its rows are dropped,
+    each by its position, naming the row group, and the other groups' rows run."""
+    dataset = tmp_path / "d.parquet"
+    prompts = [f"prompt number {i} " * 20 for i in range(3000)]
+    pq.write_table(pa.table({"prompt": prompts}), dataset, row_group_size=1000, compression="none")
+    damage_row_group(dataset, 1)
+    resolve_dataset(dataset)  # the footer is fine
+    rows = run(dataset, tmp_path)
+    assert [row["position"] for row in rows] == list(range(3000))
+    good, damaged = rows[:1000] + rows[2000:], rows[1000:2000]
+    assert [row["prompt"] for row in good] == prompts[:1000] + prompts[2000:]
+    assert all(row["drop_reason"] is None for row in good)
+    assert [row["request_id"] for row in damaged] == [positional_id(position) for position in range(1000, 2000)]
+    assert {row["drop_reason"] for row in damaged} == {"unreadable_row_group"}
+    assert damaged[7]["drop_message"].startswith(f"row 7 of row group 1 in {dataset} cannot be read: ")
+    assert run(dataset, tmp_path / "again") == rows  # a rerun (a resumed ingest) cuts the same rows
+
+
+class FailingStream(io.RawIOBase):
+    """A file's bytes whose reads of `failing` (a range of offsets) raise `error`: a stream that fails."""
+
+    def __init__(self, data: bytes, failing: range, error: Exception) -> None:
+        super().__init__()
+        self.data, self.failing, self.error = io.BytesIO(data), failing, error
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.data.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.data.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        start = self.data.tell()
+        if start < self.failing.stop and start + len(buffer) > self.failing.start:
+            raise self.error
+        return self.data.readinto(buffer)
+
+
+def test_a_parquet_stream_that_fails_stops_the_read_instead_of_dropping_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout is not damage: dropping the rows would lose them for good; the job stops (exit 2)."""
     dataset = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": [f"prompt number {i} " * 20 for i in range(3000)]}), dataset,
-                   row_group_size=1000, compression="none")
+                   row_group_size=1000, compression="none")  # the footer's read (its last 64 KiB) is of group 2
+    data = dataset.read_bytes()
+    second = pq.ParquetFile(dataset).metadata.row_group(1).column(0)
+    middle = (second.dictionary_page_offset or second.data_page_offset) + second.total_compressed_size // 2
+    failing = range(middle, middle + 1)
+    source = resolve_dataset(dataset)
+    monkeypatch.setattr(ingest, "open_input",
+                        lambda path: io.BufferedReader(FailingStream(data, failing, TimeoutError("timed out"))))
+    with pytest.raises(DatasetError, match="d.parquet as Parquet after record 1000: timed out"):
+        list(ingest.iter_records(source))
+
+
+def test_a_parquet_file_whose_footer_is_damaged_is_refused(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b"]}), dataset)
     data = bytearray(dataset.read_bytes())
-    middle = len(data) // 2
-    data[middle : middle + 2000] = b"\xab" * 2000
+    data[-40:-8] = b"\xab" * 32  # the footer's metadata; its length and magic number stay
     dataset.write_bytes(bytes(data))
-    resolve_dataset(dataset)  # the footer is fine
-    with pytest.raises(DatasetError, match=r"cannot read .*d.parquet as Parquet after record \d+"):
-        run(dataset, tmp_path)
+    with pytest.raises(DatasetError, match="d.parquet is not a readable Parquet file"):
+        shard_dataset(dataset, tmp_path / "job", CONFIG)
+    assert not (tmp_path / "job").exists()
 
 
 def test_data_files_whose_columns_differ_are_a_dataset_error(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ import sys
 import time
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from job_helpers import assert_completed_as, kill_then_resume, reference_run, results, submit, write_config, write_jsonl
-from test_ingest import JSONL_CORPUS
+from test_ingest import JSONL_CORPUS, damage_row_group
 
 GOOD_PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "Speculative decoding",
                 "class Foo:", "import os", "The lazy dog", "print(i * i)"]
@@ -60,6 +62,22 @@ def reference_job(tmp_path_factory, tiny_pair):
 def test_kill_9_then_resume_gives_each_record_once(tmp_path, reference_job, crash_at):
     dataset, config, reference = reference_job
     assert_completed_as(kill_then_resume(dataset, config, "job", tmp_path, crash_at), reference)
+
+
+def test_a_damaged_parquet_row_group_is_dropped_once_across_kill_9_and_resume(tmp_path, tiny_pair):
+    """The damaged group's rows are dropped (ids by position), the others complete; a kill -9 between
+    parts and a resume give each row once."""
+    records = dataset_records(24)
+    dataset = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(records), dataset, row_group_size=8, write_page_checksum=True)
+    damage_row_group(dataset, 1)
+    rows = kill_then_resume(dataset, write_config(tmp_path, tiny_pair), "job", tmp_path, "part_committed:2")
+    damaged = [f"rec-{position:09d}" for position in range(8, 16)]
+    assert [r["request_id"] for r in rows] == sorted([r["id"] for r in records[:8] + records[16:]] + damaged)
+    by_id = {r["request_id"]: r for r in rows}
+    assert all(by_id[r["id"]]["status"] == "completed" for r in records[:8] + records[16:])
+    assert {(by_id[i]["status"], by_id[i]["drop_reason"]) for i in damaged} == {("dropped", "unreadable_row_group")}
+    assert "row 3 of row group 1 in " in by_id["rec-000000011"]["drop_message"]
 
 
 @pytest.mark.slow

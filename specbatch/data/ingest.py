@@ -147,7 +147,8 @@ def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES
     if source.format in ("jsonl", "openai_batch"):
         return iter_json_lines(source.path, max_record_bytes)
     if source.format == "parquet":
-        return _iter_table_rows(_parquet_batches(source.path))
+        return _refusing_read_errors(_iter_parquet_rows(source.path), f"{source.path} as Parquet",
+                                     (OSError, pa.ArrowException))
     if source.format == "hf_saved":
         return _iter_table_rows(_hf_saved_batches(Path(source.path)))
     if source.format == "hf:csv":
@@ -337,10 +338,9 @@ def _table_columns(source: DatasetSource) -> list[str]:
     return list(_load_hf_saved(Path(source.path)).column_names)
 
 
-def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[RawRecord]:
-    """Rows as records; a NaN cell is a missing value (pandas writes one for every missing number,
-    an integer column's too), as a null cell is."""
-    position = 0
+def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table], position: int = 0) -> Iterator[RawRecord]:
+    """Rows as records, the first at `position`; a NaN cell is a missing value (pandas writes one for
+    every missing number, an integer column's too), as a null cell is."""
     for batch in batches:
         for row in batch.to_pylist():
             yield RawRecord(position, {key: None if isinstance(value, float) and math.isnan(value) else value
@@ -348,20 +348,50 @@ def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[R
             position += 1
 
 
-def _parquet_batches(path: Path | str) -> Iterator[pa.RecordBatch]:
-    with open_input(path) as stream, pq.ParquetFile(stream) as file:
-        columns = [name for name in file.schema_arrow.names if not name.startswith("__index_level_")]
-        batches = file.iter_batches(batch_size=BATCH_ROWS, columns=columns)  # no pandas index column
-        yield from _refusing_read_errors(batches, f"{path} as Parquet", (OSError, pa.ArrowException),
-                                         records=len)
+def _iter_parquet_rows(path: Path | str) -> Iterator[RawRecord]:
+    """Each row group's rows in order. A row group whose data cannot be read (a damaged page behind a
+    sound footer, or one whose checksum fails) gives its rows not yet read as `unreadable_row_group`
+    records, and the next group is read: the job runs the rest and accounts for every row, by its
+    position in the file. An error of the stream, not the data (`_is_damage`), stops the read."""
+    with open_input(path) as stream, pq.ParquetFile(stream, page_checksum_verification=True) as file:
+        columns = [name for name in file.schema_arrow.names if not name.startswith("__index_level_")]  # no pandas index
+        start = 0
+        for group in range(file.num_row_groups):
+            num_rows = file.metadata.row_group(group).num_rows
+            batches = file.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
+            num_read = 0
+            try:
+                for record in _iter_table_rows(batches, start):
+                    yield record
+                    num_read += 1
+            except (OSError, pa.ArrowException) as error:
+                if not _is_damage(error):
+                    raise
+                yield from _unreadable_rows(path, group, start, range(num_read, num_rows), error)
+            start += num_rows
+
+
+def _is_damage(error: Exception) -> bool:
+    """Whether Arrow raised `error` about the bytes it read (a plain OSError without an errno, as for a
+    corrupt page or a failed checksum, or an Arrow error), not the stream: what the file object raised
+    (a timeout, a reset connection, a disk's EIO) reaches the reader with its own type or errno."""
+    return isinstance(error, pa.ArrowException) or (type(error) is OSError and error.errno is None)
+
+
+def _unreadable_rows(path: Path | str, group: int, start: int, rows: range, error: Exception) -> Iterator[RawRecord]:
+    """Records for rows `rows` of row group `group` (its first row at `start` in the file)."""
+    what = str(error)[:200]
+    for row in rows:
+        message = f"row {row} of row group {group} in {path} cannot be read: {what}"
+        yield RawRecord(start + row, drop_reason="unreadable_row_group", drop_message=message)
 
 
 def _refusing_read_errors(items: Iterator[Any], what: str, errors: tuple[type[Exception], ...],
                           records: Callable[[Any], int] = lambda item: 1) -> Iterator[Any]:
     """`items` (rows, or batches of `records(item)` rows), an error raised while reading them made a
-    `DatasetError`: a file that fails part-way (a corrupt Parquet page past the footer, a CSV row
-    with an unterminated quote) is the dataset's problem, refused with one line and exit 2, not an
-    internal failure with a traceback."""
+    `DatasetError`: a file that fails part-way (a CSV row with an unterminated quote, a Parquet
+    file whose stream fails; a damaged Parquet row group drops only its rows) is the dataset's
+    problem, refused with one line and exit 2, not an internal failure with a traceback."""
     count = 0
     while True:
         try:
