@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from job_helpers import write_jsonl
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -170,6 +171,53 @@ def test_a_messages_name_reaches_the_chat_template(tmp_path: Path) -> None:
     assert rows["named"]["prompt"] == "user [ada]: hello\nassistant [bot]: hi\nassistant: "
     assert rows["plain"]["prompt"] == rows["empty"]["prompt"] == "user: hello\nassistant: "
     assert rows["bad"]["drop_reason"] == "invalid_messages" and "name must be a string" in rows["bad"]["drop_message"]
+
+
+TOOL_TEMPLATE = (
+    "{% for message in messages %}{{ message.role }}:{% if message.content %} {{ message.content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %} <call {{ call.id }}>{{ call.function.name }}"
+    "({{ call.function.arguments | tojson }})</call>{% endfor %}"
+    "{% if message.tool_call_id %} [for {{ message.tool_call_id }}]{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+WEATHER_CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TOOL_CHAT = [{"role": "user", "content": "weather in Paris?"},
+             {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]},
+             {"role": "tool", "tool_call_id": "c1", "content": "18C"}]
+
+
+def test_tool_calls_reach_the_chat_template_or_drop_their_record(tmp_path: Path) -> None:
+    """An assistant's tool_calls and a tool message's tool_call_id were dropped before the template (a
+    null content with them made the record invalid_messages); now the template gets them, arguments as
+    the JSON object, and a template that writes no tool calls drops the record instead of running the
+    conversation without them. A Parquet messages column (every key in every message) renders alike."""
+    as_object = {**WEATHER_CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    records = [
+        {"id": "call", "messages": TOOL_CHAT},
+        {"id": "object", "messages": [TOOL_CHAT[0], {"role": "assistant", "tool_calls": [as_object]}, TOOL_CHAT[2]]},
+        {"id": "not-json", "messages": [{"role": "assistant", "tool_calls": [
+            {**WEATHER_CALL, "function": {"name": "get_weather", "arguments": "{city"}}]}]},
+        {"id": "user-calls", "messages": [{"role": "user", "content": "hi", "tool_calls": [WEATHER_CALL]}]},
+    ]
+    dataset = write_jsonl(tmp_path / "d.jsonl", records)
+    tools = build_tokenizer(TOOL_TEMPLATE)
+    shard_dataset(dataset, tmp_path / "job", config(), tokenizer=tools)
+    rows = {row["request_id"]: row for row in all_rows(tmp_path / "job")}
+    expected = ('user: weather in Paris?\nassistant: <call c1>get_weather({"city": "Paris"})</call>\n'
+                "tool: 18C [for c1]\nassistant: ")
+    assert rows["call"]["prompt"] == rows["object"]["prompt"] == expected
+    assert rows["not-json"]["drop_reason"] == "invalid_messages"
+    assert "messages[0].tool_calls[0].function.arguments is not JSON" in rows["not-json"]["drop_message"]
+    assert rows["user-calls"]["drop_reason"] == "invalid_messages"
+
+    shard_dataset(dataset, tmp_path / "plain", config(), tokenizer=build_tokenizer())  # writes role and content only
+    plain = {row["request_id"]: row for row in all_rows(tmp_path / "plain")}
+    assert plain["call"]["drop_reason"] == plain["object"]["drop_reason"] == "unrendered_tool_calls"
+
+    table = tmp_path / "chat.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "call", "messages": TOOL_CHAT}]), table)
+    shard_dataset(table, tmp_path / "table", config(), tokenizer=tools)
+    assert [row["prompt"] for row in all_rows(tmp_path / "table")] == [expected]
 
 
 def test_openai_batch_chat_round_trip(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:

@@ -21,6 +21,7 @@ from specbatch.config import MAX_NEW_TOKENS, MAX_TEMPERATURE, SamplingDefaults
 from specbatch.data.constraints import CONSTRAINT_FIELDS, ConstraintChecker, ConstraintError, parse_constraint
 from specbatch.data.ingest import FIELDS, MAX_RECORD_BYTES, RawRecord
 from specbatch.data.openai_params import RECORD_UNHONOURED, unhonoured
+from specbatch.data.tool_calls import ToolCallError, tool_calls, without_tool_calls
 
 _Split = tuple[dict[str, Any], dict[str, Any]]  # (known fields by our names, unknown fields)
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -44,9 +45,10 @@ DROP_REASONS: dict[str, str] = {
     "prompt_and_messages": "both prompt and messages are given",
     "invalid_prompt": "prompt is not a string (nor, in an OpenAI batch body, a list of one string)",
     "empty_prompt": "prompt is empty or whitespace, or has no tokens",
-    "invalid_messages": "messages is not a non-empty list of {role, content} objects",
+    "invalid_messages": "messages is not a non-empty list of {role, content} objects (an assistant's with tool_calls)",
     "no_chat_template": "chat messages, but the tokenizer has no chat template (or there is no tokenizer)",
     "chat_template_error": "the chat template raised an error for these messages",
+    "unrendered_tool_calls": "the messages' tool_calls, which the chat template does not write into the prompt",
     "invalid_unicode": "a text field holds a lone surrogate (e.g. an unpaired \\ud800 escape)",
     "invalid_max_new_tokens": "max_new_tokens is not an integer in [1, limit]",
     "invalid_temperature": "temperature is not a finite number in [0, 100]",
@@ -271,19 +273,35 @@ class Validator:
         source = self.sources[name]
         return name if source == name else f"{name} (column {source!r})"
 
-    def _render_chat(self, messages: list[dict[str, str]]) -> str:
+    def _render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The template's prompt. Messages with tool calls are rendered a second time without them: a
+        template that writes none (most plain ones) gives the same text, which would run the
+        conversation without its calls, so the record is dropped instead."""
         if self.tokenizer is None:
             raise Drop("no_chat_template", "chat messages need a tokenizer with a chat template; none given")
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise Drop("no_chat_template", "chat messages, but the tokenizer has no chat template")
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self._apply_template(messages)
         except Exception as error:  # a template is user code: any error it raises is this record's problem
             message = f"chat template failed: {type(error).__name__}: {error}"
             raise Drop("chat_template_error", message) from error
         if not isinstance(text, str) or not text.strip():
             raise Drop("empty_prompt", "the chat template rendered an empty prompt")
+        if any("tool_calls" in message for message in messages) and text == self._render_or_none(messages):
+            raise Drop("unrendered_tool_calls", "the chat template does not write the messages' tool_calls into the "
+                                                "prompt, which would run the conversation without them")
         return text
+
+    def _apply_template(self, messages: list[dict[str, Any]]) -> Any:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _render_or_none(self, messages: list[dict[str, Any]]) -> str | None:
+        """`messages` rendered without their tool calls; None if the template refuses them so."""
+        try:
+            return self._apply_template(without_tool_calls(messages))
+        except Exception:  # a template may need content or calls in an assistant message: it renders the calls
+            return None
 
     def _claim_id(self, value: Any, name: str, position: int) -> str:
         """The record's id (positional when absent); refuses ids that an earlier record used. A whole
@@ -417,31 +435,54 @@ def _domain(value: Any) -> str:
     return _checked_text(value, "domain")
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise Drop("invalid_messages", f"messages must be a non-empty list, got {_describe(value)}")
     return [_message(index, message) for index, message in enumerate(value)]
 
 
-def _message(index: int, message: Any) -> dict[str, str]:
+def _message(index: int, message: Any) -> dict[str, Any]:
+    """The keys a chat template reads: role, content, name, an assistant's tool calls (its content
+    then may be null: the key is left out, as transformers' examples do) and a tool's `tool_call_id`.
+    Each was dropped but role and content, so a template that writes one rendered another conversation
+    than the record's; an empty name or id (as tables and some exports write for none) is none."""
     if not isinstance(message, dict):
         raise Drop("invalid_messages", f"messages[{index}] must be an object, got {_describe(message)}")
     role = message.get("role")
     if role not in ROLES:
         raise Drop("invalid_messages", f"messages[{index}].role must be one of {sorted(ROLES)}, "
                    f"got {_describe(role)}")
-    checked = {"role": role, "content": _content(index, message.get("content"))}
-    if (name := message.get("name")) not in (None, ""):  # an empty name, as some exports write, is none
-        checked["name"] = _name(index, name)
+    calls = _tool_calls(index, role, message)
+    checked: dict[str, Any] = {"role": role}
+    if message.get("content") is not None or not calls:
+        checked["content"] = _content(index, message.get("content"))
+    if calls:
+        checked["tool_calls"] = calls
+    for key in ("name", "tool_call_id") if role == "tool" else ("name",):
+        if (value := message.get(key)) not in (None, ""):
+            checked[key] = _message_text(index, key, value)
     return checked
 
 
-def _name(index: int, name: Any) -> str:
-    """A message's `name` (OpenAI's participant name), passed to the chat template as given: it was
-    dropped, so a template that writes it rendered another conversation than the record's."""
-    if not isinstance(name, str):
-        raise Drop("invalid_messages", f"messages[{index}].name must be a string, got {_describe(name)}")
-    return _checked_text(name, f"messages[{index}].name")
+def _tool_calls(index: int, role: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+    if message.get("function_call") is not None:
+        raise Drop("invalid_messages", f"messages[{index}].function_call is OpenAI's retired form of a tool call; "
+                                       "give it as tool_calls")
+    try:
+        calls = tool_calls(f"messages[{index}].tool_calls", message.get("tool_calls"))
+    except ToolCallError as error:
+        raise Drop("invalid_messages", str(error)) from error
+    if calls and role != "assistant":
+        raise Drop("invalid_messages", f"messages[{index}] is a {role} message with tool_calls; only an "
+                                       "assistant makes tool calls")
+    return calls
+
+
+def _message_text(index: int, key: str, value: Any) -> str:
+    """A message's `name` (OpenAI's participant name) or `tool_call_id`, passed on as given."""
+    if not isinstance(value, str):
+        raise Drop("invalid_messages", f"messages[{index}].{key} must be a string, got {_describe(value)}")
+    return _checked_text(value, f"messages[{index}].{key}")
 
 
 def _content(index: int, content: Any) -> str:
