@@ -688,14 +688,33 @@ def test_a_parquet_file_whose_footer_is_damaged_is_refused(tmp_path: Path) -> No
 
 
 def test_data_files_whose_columns_differ_are_a_dataset_error(tmp_path: Path) -> None:
-    """datasets' builder raises CastError on the second file: the dataset's problem, not an internal one."""
-    pytest.importorskip("datasets")
+    """The dataset's problem, not an internal one; refused before anything is read."""
     folder = tmp_path / "parts"
     folder.mkdir()
     pq.write_table(pa.table({"prompt": ["a", "b"]}), folder / "part-0.parquet")
     pq.write_table(pa.table({"prompt": ["c"], "id": [5]}), folder / "part-1.parquet")
-    with pytest.raises(DatasetError, match="builder 'parquet' after record 2"):
+    with pytest.raises(DatasetError, match=r"columns differ: .*part-0.parquet has \['prompt'\], .*part-1.parquet has"):
         run(folder, tmp_path)
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_damaged_row_group_in_a_folder_of_parquet_files_drops_its_rows(tmp_path: Path) -> None:
+    """As in one file: the damaged group's rows are dropped by their position in the dataset, the
+    message naming the part file, and every other row runs."""
+    folder = tmp_path / "table"
+    folder.mkdir()
+    prompts = [f"prompt number {i} " * 20 for i in range(2000)]
+    pq.write_table(pa.table({"prompt": prompts[:1000]}), folder / "part-0.parquet", compression="none")
+    pq.write_table(pa.table({"prompt": prompts[1000:]}), folder / "part-1.parquet", row_group_size=500,
+                   compression="none")
+    damage_row_group(folder / "part-1.parquet", 0)
+    rows = run(folder, tmp_path)
+    assert [row["position"] for row in rows] == list(range(2000))
+    assert [row["prompt"] for row in rows[:1000] + rows[1500:]] == prompts[:1000] + prompts[1500:]
+    damaged = rows[1000:1500]
+    assert [row["request_id"] for row in damaged] == [positional_id(position) for position in range(1000, 1500)]
+    assert {row["drop_reason"] for row in damaged} == {"unreadable_row_group"}
+    assert damaged[0]["drop_message"].startswith(f"row 0 of row group 0 in {folder / 'part-1.parquet'} cannot be read")
 
 
 def test_a_folder_of_parquet_files_is_one_dataset_in_name_order(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -90,8 +90,10 @@ def resolve_dataset(
     if fmt in ("parquet", "hf_saved"):
         _check_columns(source, _table_columns(source))
     elif fmt == "hf:csv":
-        for file in _csv_paths(source):
+        for file in _local_files(source):
             _check_columns(source, _csv_header(file))
+    elif fmt == "hf:parquet":
+        _check_columns(source, _same_parquet_columns(_local_files(source)))
     elif fmt.startswith("hf:") and (first := next(_hf_rows(source), None)) is not None:
         _check_columns(source, list(first))
     return source
@@ -146,8 +148,9 @@ def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES
     """Stream the dataset's records in input order."""
     if source.format in ("jsonl", "openai_batch"):
         return iter_json_lines(source.path, max_record_bytes)
-    if source.format == "parquet":
-        return _refusing_read_errors(_iter_parquet_rows(source.path), f"{source.path} as Parquet",
+    if source.format in ("parquet", "hf:parquet"):  # hf:parquet, a folder's name from when datasets read it
+        files = _local_files(source) if source.format == "hf:parquet" else [source.path]
+        return _refusing_read_errors(_iter_parquet_files(files), f"{source.path} as Parquet",
                                      (OSError, pa.ArrowException))
     if source.format == "hf_saved":
         return _iter_table_rows(_hf_saved_batches(Path(source.path)))
@@ -333,9 +336,25 @@ def _check_columns(source: DatasetSource, columns: list[str]) -> None:
 
 def _table_columns(source: DatasetSource) -> list[str]:
     if source.format == "parquet":
-        with open_input(source.path) as file, pq.ParquetFile(file) as parquet:
-            return list(parquet.schema_arrow.names)
+        return _parquet_columns(source.path)
     return list(_load_hf_saved(Path(source.path)).column_names)
+
+
+def _parquet_columns(path: Path | str) -> list[str]:
+    """The file's columns, without a pandas index."""
+    with open_input(path) as file, pq.ParquetFile(file) as parquet:
+        return [name for name in parquet.schema_arrow.names if not name.startswith("__index_level_")]
+
+
+def _same_parquet_columns(files: list[Path]) -> list[str]:
+    """The columns of a folder's Parquet files, which must all have the same ones."""
+    for file in files:
+        _check_parquet(file)
+    first, *others = [(file, _parquet_columns(file)) for file in files]
+    for file, columns in others:
+        if set(columns) != set(first[1]):
+            raise DatasetError(f"data files' columns differ: {first[0]} has {first[1]}, {file} has {columns}")
+    return first[1]
 
 
 def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table], position: int = 0) -> Iterator[RawRecord]:
@@ -348,14 +367,21 @@ def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table], position: int
             position += 1
 
 
-def _iter_parquet_rows(path: Path | str) -> Iterator[RawRecord]:
-    """Each row group's rows in order. A row group whose data cannot be read (a damaged page behind a
-    sound footer, or one whose checksum fails) gives its rows not yet read as `unreadable_row_group`
-    records, and the next group is read: the job runs the rest and accounts for every row, by its
-    position in the file. An error of the stream, not the data (`_is_damage`), stops the read."""
+def _iter_parquet_files(files: Sequence[Path | str]) -> Iterator[RawRecord]:
+    """The files' rows in order, numbered on from one file to the next."""
+    start = 0
+    for file in files:
+        start = yield from _iter_parquet_rows(file, start)
+
+
+def _iter_parquet_rows(path: Path | str, start: int = 0) -> Generator[RawRecord, None, int]:
+    """Each row group's rows in order, the first at `start`; returns the position after the last. A
+    row group whose data cannot be read (a damaged page behind a sound footer, or one whose checksum
+    fails) gives its rows not yet read as `unreadable_row_group` records, and the next group is read:
+    the job runs the rest and accounts for every row, by its position in the dataset. An error of the
+    stream, not the data (`_is_damage`), stops the read."""
     with open_input(path) as stream, pq.ParquetFile(stream, page_checksum_verification=True) as file:
         columns = [name for name in file.schema_arrow.names if not name.startswith("__index_level_")]  # no pandas index
-        start = 0
         for group in range(file.num_row_groups):
             num_rows = file.metadata.row_group(group).num_rows
             batches = file.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
@@ -369,6 +395,7 @@ def _iter_parquet_rows(path: Path | str) -> Iterator[RawRecord]:
                     raise
                 yield from _unreadable_rows(path, group, start, range(num_read, num_rows), error)
             start += num_rows
+    return start
 
 
 def _is_damage(error: Exception) -> bool:
@@ -379,7 +406,7 @@ def _is_damage(error: Exception) -> bool:
 
 
 def _unreadable_rows(path: Path | str, group: int, start: int, rows: range, error: Exception) -> Iterator[RawRecord]:
-    """Records for rows `rows` of row group `group` (its first row at `start` in the file)."""
+    """Records for rows `rows` of row group `group` (its first row at `start` in the dataset)."""
     what = str(error)[:200]
     for row in rows:
         message = f"row {row} of row group {group} in {path} cannot be read: {what}"
@@ -404,7 +431,8 @@ def _refusing_read_errors(items: Iterator[Any], what: str, errors: tuple[type[Ex
         count += records(item)
 
 
-def _csv_paths(source: DatasetSource) -> list[Path]:
+def _local_files(source: DatasetSource) -> list[Path]:
+    """A local file, or a folder's data files (`_data_file_paths`)."""
     path = Path(source.path)
     return [path] if path.is_file() else [Path(file) for file in _data_files(path)]
 
@@ -420,7 +448,7 @@ def _csv_rows(source: DatasetSource) -> Iterator[pa.RecordBatch]:
     """CSV, the `hf:csv` format (the name it had when datasets' builder read it), read by pyarrow with
     every cell as its text but in the number fields (`data/csv_rows.py`): an id `001` stays `001`."""
     numbers = number_columns(source.column_map, FIELDS)
-    batches = csv_batches(_csv_paths(source), numbers)
+    batches = csv_batches(_local_files(source), numbers)
     return _refusing_read_errors(batches, f"{source.path} as CSV", (OSError, pa.ArrowException), records=len)
 
 
