@@ -247,6 +247,12 @@ def test_a_bom_before_a_blank_first_line_is_not_a_record(tmp_path: Path) -> None
     assert [(r["request_id"], r["position"], r["drop_reason"]) for r in rows] == [("x", 1, None)]
 
 
+def test_a_bracket_alone_past_the_first_record_is_one_invalid_line(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b'{"id": "a", "prompt": "x"}\n{\n' + jl(id="b", prompt="y") + b"\n")
+    assert [r["drop_reason"] for r in run(dataset, tmp_path)] == [None, "invalid_json", None]
+
+
 def test_line_without_newline_over_the_limit(tmp_path: Path) -> None:
     dataset = tmp_path / "d.jsonl"
     dataset.write_bytes(jl(prompt="ok") + b"\n" + b"y" * 25_000)
@@ -589,6 +595,11 @@ def test_hf_local_json_builder(tmp_path: Path) -> None:
         ("d.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n'), {"dataset_format": "jsonl"}, "gzip-compressed"),
         ("d.csv", b'prompt,max_new_tokens\nhello,3\n"unterminated,4\n', {}, "d.csv as CSV.*parse error: Row #3"),
         ("batch.jsonl", jl(custom_id="a", body={}), {"column_map": {"prompt": "p"}}, "OpenAI"),
+        # pretty-printed JSON: read line by line, every line was an invalid_json row and no record ran
+        ("d.jsonl", json.dumps({"prompt": "a"}, indent=2).encode() * 2, {}, "spread over several lines.*'{'"),
+        ("d.jsonl", b"\xef\xbb\xbf\n  \r\n" + json.dumps([{"prompt": "a"}], indent=2).encode(),
+         {"dataset_format": "jsonl"}, "spread over several lines.*'\\['"),
+        ("d.json", json.dumps({"custom_id": "a", "body": {}}, indent=1).encode(), {}, "spread over several lines"),
     ],
 )
 def test_unusable_datasets_raise(

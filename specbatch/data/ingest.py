@@ -267,6 +267,19 @@ def _check_json_lines_bytes(path: Path | str, start: bytes) -> None:
 def _check_json_lines_file(path: Path | str) -> None:
     with open_input(path) as file:
         _check_json_lines_bytes(path, file.read(6))
+    _check_first_record_line(path)
+
+
+def _check_first_record_line(path: Path | str) -> None:
+    """Refuse JSON written across lines (`json.dump(..., indent=2)`, `jq .` without `-c`): its first
+    line that is not blank is an opening bracket alone, which no JSON Lines record is. Read line by
+    line, every line of it would be an `invalid_json` row, and not one of its records would run."""
+    with _open_json_lines(path, MAX_RECORD_BYTES) as file:
+        first = next((line for line in _lines(file, MAX_RECORD_BYTES) if line is None or line.strip()), None)
+    if first is not None and first.strip() in (b"{", b"["):
+        raise DatasetError(f"{path} holds JSON spread over several lines (its first line is {first.strip().decode()!r} "
+                           "alone), not JSON Lines; write one record per line (jq -c . for objects, jq -c '.[]' "
+                           "for an array)")
 
 
 def _detect_json_lines(path: Path | str) -> str:
