@@ -316,6 +316,17 @@ def test_an_openai_parameter_specbatch_does_not_honour_drops_its_record_by_name(
     assert request.drop_reason == "unsupported_parameter" and named in (request.drop_message or ""), request
 
 
+@pytest.mark.parametrize("named", ["guided_json", "structured_outputs", "json_schema", "regex", "choice"])
+def test_an_openai_body_constraint_named_other_than_response_format_drops_its_record(named) -> None:
+    value = {"type": "integer"} if named in ("guided_json", "json_schema", "structured_outputs") else ["a"]
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", named: value}}
+    request = Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))
+    assert request.drop_reason == "misnamed_field" and f"body.{named} is not read" in (request.drop_message or "")
+    line["body"]["response_format"] = {"type": "json_object"}  # given where specbatch reads it: the other is metadata
+    request = Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))
+    assert request.drop_reason is None and request.constraint is not None and named in (request.metadata or "")
+
+
 def completions(prompt: object) -> Request:
     line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt}}
     return Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))

@@ -341,6 +341,7 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
         name, what = refused
         raise Drop("unsupported_parameter", f"body.{name} ({_describe(body[name])}) asks for {what}, which specbatch "
                                             "does not do; remove it or give its default")
+    _check_body_constraint_names(body)
     max_tokens = body.get("max_completion_tokens")
     return {
         wanted: _openai_prompt(body.get(wanted)) if wanted == "prompt" else body.get(wanted),
@@ -351,6 +352,24 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
         "stop": body.get("stop"),
         "response_format": body.get("response_format"),
     }
+
+
+# A constraint in a batch body under another name than response_format: a JSON Lines record's own field
+# (regex, choice, ...) or another engine's (vLLM's guided_json, structured_outputs, ...). Kept as the
+# body's metadata, it would be ignored and the request would run unconstrained.
+_BODY_CONSTRAINT_NAMES = tuple(name for name in CONSTRAINT_FIELDS if name != "response_format") + tuple(
+    name for name, (_, stands_for) in MISNAMED_FIELDS.items() if stands_for == CONSTRAINT_FIELDS)
+
+
+def _check_body_constraint_names(body: dict[str, Any]) -> None:
+    if body.get("response_format") is not None:
+        return  # the constraint is given where specbatch reads it (as a record beside guided_json is)
+    named = next((name for name in _BODY_CONSTRAINT_NAMES if body.get(name) is not None), None)
+    if named is not None:
+        raise Drop("misnamed_field", f"body.{named} is not read by specbatch, which would ignore it and run the "
+                                     "request unconstrained: a batch body's constraint is its response_format "
+                                     "(json_schema or json_object); a regex, choice or grammar needs a JSON Lines "
+                                     "record")
 
 
 def _openai_prompt(prompt: Any) -> Any:
