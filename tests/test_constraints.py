@@ -89,6 +89,19 @@ def test_a_constraint_that_does_not_compile_drops_only_its_record(tiny_pair, fie
     assert good.drop_reason is None and json.loads(good.constraint)["kind"] == "choice"
 
 
+def test_each_choice_is_its_own_text_whatever_characters_it_holds():
+    """A choice becomes a Lark literal: one holding DEL, which JSON leaves raw and a Lark string may not
+    hold, failed with a lexer error."""
+    choices = ["a\x7fb", "tab\tx", 'q"uote', "back\\slash", "nul\x00", "line\nbreak", "日本", "😀", "<|pad|>"]
+    constraint = parse_constraint({"choice": choices})
+    ConstraintChecker(TOKENIZER).check(constraint)
+    tokenizer = llguidance_tokenizer(TOKENIZER)
+    for choice in choices:
+        matcher = llguidance.LLMatcher(tokenizer, constraint.grammar(), log_level=0)
+        assert matcher.consume_tokens(TOKENIZER.encode(choice, split_special_tokens=True)), choice
+        assert matcher.is_accepting(), choice
+
+
 def test_a_one_megabyte_schema_is_a_clear_drop():
     big = {"type": "object", "properties": {f"field_{i:06d}": {"type": "string"} for i in range(30_000)}}
     assert len(json.dumps(big)) > 1_000_000

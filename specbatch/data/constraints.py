@@ -68,9 +68,14 @@ class Constraint:
             return llguidance.LLMatcher.grammar_from_regex(self.text)
         if self.kind == "choice":
             choices = json.loads(self.text)
-            return llguidance.LLMatcher.grammar_from_lark(
-                "start: " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices))
+            return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(map(_lark_literal, choices)))
         return llguidance.LLMatcher.grammar_from_lark(self.text)
+
+
+def _lark_literal(text: str) -> str:
+    """`text` as a Lark string literal: JSON's escapes, and DEL escaped too, which a Lark string (as
+    llguidance lexes it) may not hold raw but JSON leaves so; a choice holding one failed with a lexer error."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def parse_constraint(fields: dict[str, Any]) -> Constraint | None:
