@@ -48,6 +48,9 @@ def test_each_record_field_becomes_one_constraint():
     assert parse_constraint({"response_format": wrapped}).kind == "json_schema"
     bare = parse_constraint({"json_schema": SCHEMA})
     assert parse_constraint({"json_schema": {"name": "x", "schema": SCHEMA}}) == bare
+    assert parse_constraint({"json_schema": {"schema": SCHEMA, "strict": True}}) == bare  # no name: still the wrapper
+    assert parse_constraint({"json_schema": {"schema": SCHEMA}}) == bare
+    assert json.loads(parse_constraint({"json_schema": {"type": "object", "schema": SCHEMA}}).text)["type"] == "object"
     assert parse_constraint({"response_format": {"type": "text"}}) is None
     assert parse_constraint({"response_format": {"type": "json_object"}}).kind == "json_object"
     assert parse_constraint({"choice": ["a", "b"]}).kind == "choice"

@@ -120,9 +120,15 @@ def _response_format(value: Any) -> Constraint | None:
     return _schema(wrapper["schema"])
 
 
+_WRAPPER_KEYS = frozenset({"name", "strict", "schema", "description"})
+
+
 def _unwrap_schema(value: Any) -> Any:
-    """A bare schema, or OpenAI's {"name", "strict", "schema"} wrapper around one."""
-    if isinstance(value, dict) and isinstance(value.get("schema"), dict) and "name" in value:
+    """A bare schema, or OpenAI's {"name", "strict", "schema"} wrapper around one, its name given or not:
+    "schema" is no JSON Schema keyword, and llguidance ignores keys it does not know, so a wrapper
+    without its name read as a schema constrained nothing (any JSON value)."""
+    if isinstance(value, dict) and isinstance(value.get("schema"), dict) and (
+            "name" in value or value.keys() <= _WRAPPER_KEYS):
         return value["schema"]
     return value
 
