@@ -477,6 +477,17 @@ def test_parquet_corpus_across_batches(tmp_path: Path, monkeypatch: pytest.Monke
     assert json.loads(rows[0]["metadata"]) == {"source": "s0"}
 
 
+def test_a_tables_schema_column_holds_each_rows_schema_as_its_json_text(tmp_path: Path) -> None:
+    """A table cannot hold schemas of different shapes as objects (a struct column gives each row every
+    row's keys, null where it had none); as JSON text they are each their own."""
+    schemas = [{"type": "integer", "minimum": 3}, {"type": "object", "properties": {"a": {"type": "string"}}}]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b", "c"], "json_schema": [*map(json.dumps, schemas), "{not json"]}), path)
+    rows = run(path, tmp_path)
+    assert [json.loads(json.loads(row["constraint"])["text"]) for row in rows[:2]] == schemas
+    assert rows[2]["drop_reason"] == "invalid_constraint" and "not JSON" in rows[2]["drop_message"]
+
+
 def test_parquet_written_by_pandas_has_no_index_metadata(tmp_path: Path) -> None:
     pandas = pytest.importorskip("pandas")
     dataset = tmp_path / "d.parquet"

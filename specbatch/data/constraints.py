@@ -6,6 +6,7 @@ A record constrains its output with one of (JSONL fields; an OpenAI batch body c
     response_format  {"type": "json_schema", "json_schema": {"name", "strict", "schema"}},
                      {"type": "json_object"} or {"type": "text"} (no constraint)
     json_schema      a JSON schema object (or the {"name", "schema"} wrapper above)
+                     (these two may be given as their JSON text, as a table's string column holds them)
     regex            a regular expression the whole output matches
     choice           a non-empty list of strings, the output being one of them
     grammar          a Lark grammar (llguidance's dialect); GBNF (`::=` rules) is converted to Lark
@@ -89,9 +90,9 @@ def parse_constraint(fields: dict[str, Any]) -> Constraint | None:
     name = given[0]
     value = fields[name]
     if name == "response_format":
-        constraint = _response_format(value)
+        constraint = _response_format(_json_text(value, name))
     elif name == "json_schema":
-        constraint = _schema(_unwrap_schema(value))
+        constraint = _schema(_unwrap_schema(_json_text(value, name)))
     elif name == "regex":
         constraint = Constraint("regex", _string(value, "regex"))
     elif name == "choice":
@@ -102,6 +103,19 @@ def parse_constraint(fields: dict[str, Any]) -> Constraint | None:
         raise ConstraintError(f"{name} is {len(constraint.text):,} characters, over the limit of "
                               f"{MAX_CONSTRAINT_CHARS:,}")
     return constraint
+
+
+def _json_text(value: Any, name: str) -> Any:
+    """An object given as its JSON text is that object: a table holds one so (a CSV cell cannot hold an
+    object, and a Parquet or Hugging Face struct column gives each row every key of every row, null where
+    it had none), and such a schema was dropped as not an object."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError) as error:
+        raise ConstraintError(f"{name} is a string that is not JSON ({str(error)[:200]}); give it as an object "
+                              "or as its JSON text") from error
 
 
 def _response_format(value: Any) -> Constraint | None:
