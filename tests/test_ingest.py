@@ -327,6 +327,13 @@ def test_an_openai_body_constraint_named_other_than_response_format_drops_its_re
     assert request.drop_reason is None and request.constraint is not None and named in (request.metadata or "")
 
 
+@pytest.mark.parametrize(("n", "reason"), [(1, None), (1.0, None), (2, "unsupported_parameter"),
+                                           (1.5, "unsupported_parameter"), (True, "unsupported_parameter")])
+def test_an_openai_body_asks_for_one_completion_with_n_one_written_either_way(n, reason) -> None:
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "n": n}}
+    assert Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line)).drop_reason == reason
+
+
 def completions(prompt: object) -> Request:
     line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt}}
     return Validator(SamplingDefaults(), openai_batch=True)(RawRecord(0, line))

@@ -335,7 +335,7 @@ def _openai_fields(url: str, body: dict[str, Any]) -> dict[str, Any]:
     if other in body:
         raise Drop("invalid_body", f"{url} takes body.{wanted}, not body.{other}")
     n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):
+    if n is not None and (type(n) not in (int, float) or n != 1):  # 1.0 too, as a whole number is elsewhere
         raise Drop("unsupported_parameter", f"n must be 1 (one completion per request), got {_describe(n)}")
     if (refused := unhonoured(body)) is not None:
         name, what = refused
