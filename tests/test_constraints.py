@@ -53,6 +53,7 @@ def test_each_record_field_becomes_one_constraint():
     assert json.loads(parse_constraint({"json_schema": {"type": "object", "schema": SCHEMA}}).text)["type"] == "object"
     assert parse_constraint({"json_schema": json.dumps(SCHEMA)}) == bare  # a table's string column holds its text
     assert parse_constraint({"response_format": json.dumps(wrapped)}) == bare
+    assert parse_constraint({"choice": ' ["a", "b"]'}) == parse_constraint({"choice": ["a", "b"]})
     assert parse_constraint({"response_format": {"type": "text"}}) is None
     assert parse_constraint({"response_format": {"type": "json_object"}}).kind == "json_object"
     assert parse_constraint({"choice": ["a", "b"]}).kind == "choice"
@@ -73,6 +74,8 @@ def test_each_record_field_becomes_one_constraint():
     ({"json_schema": '["a"]'}, "must be an object"),
     ({"json_schema": "{'type': 'object'}"}, "a string that is not JSON"),
     ({"response_format": "json_object"}, "a string that is not JSON"),
+    ({"choice": "yes"}, "non-empty list"), ({"choice": '["a", 1]'}, "non-empty string"),
+    ({"choice": "[a]"}, "not JSON"),
     ({"json_schema": False}, "matches no value"),
     ({"json_schema": {"type": "string", "description": "x" * MAX_CONSTRAINT_CHARS}}, "over the limit"),
 ])

@@ -6,7 +6,8 @@ A record constrains its output with one of (JSONL fields; an OpenAI batch body c
     response_format  {"type": "json_schema", "json_schema": {"name", "strict", "schema"}},
                      {"type": "json_object"} or {"type": "text"} (no constraint)
     json_schema      a JSON schema object (or the {"name", "schema"} wrapper above)
-                     (these two may be given as their JSON text, as a table's string column holds them)
+                     (these two, and a choice list, may be given as their JSON text, as a table's
+                     string column holds them)
     regex            a regular expression the whole output matches
     choice           a non-empty list of strings, the output being one of them
     grammar          a Lark grammar (llguidance's dialect); GBNF (`::=` rules) is converted to Lark
@@ -95,8 +96,9 @@ def parse_constraint(fields: dict[str, Any]) -> Constraint | None:
         constraint = _schema(_unwrap_schema(_json_text(value, name)))
     elif name == "regex":
         constraint = Constraint("regex", _string(value, "regex"))
-    elif name == "choice":
-        constraint = _choice(value)
+    elif name == "choice":  # a list's JSON text too; another string is refused as no list
+        constraint = _choice(_json_text(value, name) if isinstance(value, str) and value.lstrip().startswith("[")
+                             else value)
     else:
         constraint = _grammar(value)
     if constraint is not None and len(constraint.text) > MAX_CONSTRAINT_CHARS:
@@ -106,9 +108,9 @@ def parse_constraint(fields: dict[str, Any]) -> Constraint | None:
 
 
 def _json_text(value: Any, name: str) -> Any:
-    """An object given as its JSON text is that object: a table holds one so (a CSV cell cannot hold an
-    object, and a Parquet or Hugging Face struct column gives each row every key of every row, null where
-    it had none), and such a schema was dropped as not an object."""
+    """An object (or a choice list) given as its JSON text is that value: a table holds one so (a CSV
+    cell cannot hold an object or a list, and a Parquet or Hugging Face struct column gives each row
+    every key of every row, null where it had none), and such a schema was dropped as not an object."""
     if not isinstance(value, str):
         return value
     try:
