@@ -239,6 +239,26 @@ def test_gumbel_sampled_text_under_constraints_is_the_targets_own(tiny_pair, con
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.parametrize("drafter", ["none", "draft"])
+def test_forced_text_holding_a_special_tokens_literal_is_written_as_text(tiny_pair, constrained_requests, drafter):
+    """llguidance reads forced text with the tokenizer, which takes a special token's literal (`<eos>`)
+    for that token: its mask there admitted that token alone, which its matcher then refuses. EOS ended
+    the answer there (an invalid answer, finished `eos`), another special token failed the row."""
+    models, requests, _, _ = constrained_requests
+    tokenizer = tiny_pair[2]
+    schema = {"type": "object", "properties": {"<eos>": {"type": "boolean"}}, "required": ["<eos>"],
+              "additionalProperties": False}
+    fields = [{"regex": "<eos>x"}, {"choice": ["<pad>!"]}, {"json_schema": schema}]
+    constraints = [parse_constraint(field).to_json() for field in fields]
+    config = tiny_config(tiny_pair, f"drafter.kind={drafter}", "scheduler.lookahead=fixed:3")
+    rows, _ = run_constrained(config, models, [(prompt, 24) for prompt, _ in requests[:3]], constraints)
+    texts = [tokenizer.decode([t for t in rows[f"r{i}"].output_ids if t != tokenizer.eos_token_id],
+                              skip_special_tokens=True) for i in range(3)]
+    assert [rows[f"r{i}"].finish_reason for i in range(3)] == ["eos"] * 3, texts
+    assert texts[:2] == ["<eos>x", "<pad>!"]
+    assert set(json.loads(texts[2])) == {"<eos>"}
+
+
 def test_a_constraint_that_fails_in_the_engine_drops_only_its_row(tiny_pair, constrained_requests):
     """Ingest refuses such a record first; a row that reaches the engine anyway (no tokenizer at
     ingest) fails alone, with the library's message, and its batch-mates finish as before."""

@@ -22,6 +22,7 @@ Greedy rows: the target's argmax over masked logits, the same as decoding alone 
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -186,8 +187,47 @@ class GrammarRuntime:
             llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(self.executor, with_drafts, bitmask)
         if plain:
             llguidance.torch.fill_next_token_bitmask_par(self.executor, plain, bitmask)
+        self._refuse_unconsumable_specials(work, firsts, bitmask)
         self._allow_eos_after_stop(bitmask)
         return bitmask, ms_since(started)
+
+    def _refuse_unconsumable_specials(self, work: list[tuple[Any, list[int]]], firsts: list[int],
+                                      bitmask: torch.Tensor) -> None:
+        """llguidance reads forced text with the tokenizer, which takes a special token's literal
+        (`<|endoftext|>` in a regex, a schema's key) for that token: its mask there admits that token
+        alone, which its matcher then refuses (EOS ended the answer, invalid, as `eos`; another special
+        token failed the row). A special token the matcher refuses at a position leaves its mask; a
+        position left with none gets the forced text's first token read without special tokens.
+        bitmask: [positions, words]; row r's positions start at firsts[r]."""
+        ids = torch.tensor(self.special_ids, dtype=torch.int32)
+        hits = ((bitmask[:, ids // 32] >> (ids % 32)) & 1).nonzero().tolist()  # [[position, index of the id]]
+        for position, index in hits:
+            row = bisect.bisect_right(firsts, position) - 1
+            matcher, drafts = work[row]
+            prefix, token = drafts[: position - firsts[row]], self.special_ids[index]
+            if matcher.validate_tokens([*prefix, token]) == len(prefix) + 1:
+                continue
+            bitmask[position, token // 32] &= ~_bit(token)
+            if not bool(bitmask[position].any()):
+                self._allow_forced_text(matcher, prefix, bitmask[position])
+
+    def _allow_forced_text(self, matcher: Any, prefix: list[int], mask: torch.Tensor) -> None:
+        """Into mask [words]: the first token of the text the grammar forces after `prefix`, tokenized
+        with special tokens' literals read as text, if the matcher takes it."""
+        num_consumed = matcher.try_consume_tokens(prefix)
+        forced = matcher.compute_ff_bytes() if num_consumed == len(prefix) else b""
+        if num_consumed:
+            matcher.rollback(num_consumed)
+        text = forced.decode("utf-8", errors="ignore")
+        tokens = self.hf_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)[:1] if text else []
+        if tokens and tokens[0] < self.vocab_size and matcher.validate_tokens([*prefix, *tokens]) == len(prefix) + 1:
+            mask[tokens[0] // 32] |= _bit(tokens[0])
+
+    @cached_property
+    def special_ids(self) -> list[int]:
+        """The tokenizer's special token ids (EOS among them) inside the vocabulary."""
+        ids = {*getattr(self.hf_tokenizer, "all_special_ids", []), self.eos_token_id}
+        return sorted(int(token) for token in ids if 0 <= token < self.vocab_size)
 
     def _allow_eos_after_stop(self, bitmask: torch.Tensor) -> None:
         """A position after the grammar stopped (past an accepted EOS) has no allowed token; its
@@ -195,8 +235,7 @@ class GrammarRuntime:
         bitmask: [positions, words]."""
         empty = (bitmask == 0).all(dim=-1)  # [positions]
         if bool(empty.any()):
-            word, bit = divmod(self.eos_token_id, 32)
-            bitmask[empty, word] = 1 << bit if bit < 31 else -(1 << 31)
+            bitmask[empty, self.eos_token_id // 32] = _bit(self.eos_token_id)
 
     def apply_masks(self, job: _MaskJob | None, logits: torch.Tensor, outcome: RoundOutcome) -> None:
         """Wait for the masks and apply them in place on the verify logits [Σ windows, vocab] (every
@@ -247,6 +286,12 @@ class GrammarRuntime:
 
     def close(self) -> None:
         self.thread.shutdown(wait=True)
+
+
+def _bit(token: int) -> int:
+    """Token's bit in its int32 bitmask word (bit 31 is the sign)."""
+    bit = token % 32
+    return 1 << bit if bit < 31 else -(1 << 31)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
