@@ -600,6 +600,33 @@ def test_a_csv_id_column_mapped_by_column_is_its_text(tmp_path: Path) -> None:
         ("001", "first", {"id": "5"}), ("1", "second", {"id": "6"})]
 
 
+def test_a_csv_row_of_the_wrong_width_is_dropped_in_its_place_and_the_rest_run(tmp_path: Path) -> None:
+    """A row with a cell too many or too few refused the whole file (exit 2, nothing run), where the
+    reader before pyarrow filled a short row with blanks; each is now `invalid_csv_row` at its position,
+    blank lines and cells quoted across lines not counted as rows, the file's last rows too."""
+    dataset = tmp_path / "d.csv"
+    dataset.write_text('id,prompt\na,"first\nsecond line"\nb,one,two\n\nc,third\nd\ne,"fifth"\nf,x,y\ng\n')
+    rows = run(dataset, tmp_path)
+    assert [(r["request_id"], r["prompt"], r["drop_reason"]) for r in rows] == [
+        ("a", "first\nsecond line", None), ("rec-000000001", None, "invalid_csv_row"), ("c", "third", None),
+        ("rec-000000003", None, "invalid_csv_row"), ("e", "fifth", None), ("rec-000000005", None, "invalid_csv_row"),
+        ("rec-000000006", None, "invalid_csv_row")]
+    message = rows[1]["drop_message"]
+    assert "row 3 of " in message and "has 3 cells where its header has 2: b,one,two" in message
+
+
+def test_a_csv_of_prompts_spanning_lines_is_read_past_pyarrows_first_block(tmp_path: Path) -> None:
+    """Without `newlines_in_values`, a 2 MB file of prompts quoted across lines stopped at pyarrow's first
+    block boundary (its parser "got out of sync with chunker"): exit 2 after 14,717 of 30,000 records."""
+    dataset = tmp_path / "d.csv"
+    prompt = '"line one of {}\nline two, with a comma\n""quoted"" three"'
+    lines = ["id,prompt"] + [f"{i:05d},{prompt.format(i)}" for i in range(30000)]
+    dataset.write_text("\n".join(lines) + "\n")
+    records = list(ingest.iter_records(resolve_dataset(dataset)))
+    assert len(records) == 30000 and all(r.drop_reason is None for r in records)
+    assert records[-1].value == {"id": "29999", "prompt": 'line one of 29999\nline two, with a comma\n"quoted" three'}
+
+
 def test_hf_local_json_builder(tmp_path: Path) -> None:
     pytest.importorskip("datasets")
     dataset = write_lines(tmp_path / "d.jsonl", [jl(q="first?", n=1), jl(q="second?", n=2)])
@@ -622,7 +649,9 @@ def test_hf_local_json_builder(tmp_path: Path) -> None:
         ("d.jsonl", '{"prompt": "a"}\n'.encode("utf-16-be"), {"dataset_format": "jsonl"}, "NUL bytes: UTF-16"),
         ("d.jsonl", '{"prompt": "a"}\n'.encode("utf-32"), {}, "UTF-32 encoded"),  # was named UTF-16
         ("d.jsonl.gz", gzip.compress(b'{"prompt": "a"}\n'), {"dataset_format": "jsonl"}, "gzip-compressed"),
-        ("d.csv", b'prompt,max_new_tokens\nhello,3\n"unterminated,4\n', {}, "d.csv as CSV.*parse error: Row #3"),
+        # a quote left open mid-file takes every record after it into one cell: refused, on one line
+        ("d.csv", b'prompt,max_new_tokens\nhello,3\n"unterminated,4\nnext,5\nmore,6\n', {},
+         r"d.csv as CSV.*Row #3: Expected 2 columns, got 1: \"unterminated,4\\nnext,5\\nmore,6$"),
         ("batch.jsonl", jl(custom_id="a", body={}), {"column_map": {"prompt": "p"}}, "OpenAI"),
         # pretty-printed JSON: read line by line, every line was an invalid_json row and no record ran
         ("d.jsonl", json.dumps({"prompt": "a"}, indent=2).encode() * 2, {}, "spread over several lines.*'{'"),

@@ -7,12 +7,21 @@ with no null markers for text), except the columns of the number fields (`NUMBER
 column each is mapped from), whose type pyarrow infers and where its usual null markers (`NA`, `nan`,
 ...) are missing values. An empty cell is a missing value in every column: the only way a CSV row can
 leave a field out.
+
+A quoted cell may span lines (a prompt of several paragraphs): read without pyarrow's
+`newlines_in_values`, a 2 MB file of such prompts stopped at its first block boundary ("parser got out
+of sync with chunker"). A row with more or fewer cells than the header is that row's problem, not the
+file's: it comes out as a `CsvRow` with its `problem` at its position among the data rows, and the rows
+after it keep theirs (pyarrow numbers the rows it hands its `invalid_row_handler`, header first, when it
+reads on one thread). But a misfit row that spans lines refuses the file: a quote left open takes every
+record after it into one cell, and dropping that as one row would lose them all without a word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator, Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,19 +38,56 @@ def number_columns(column_map: dict[str, str], text_fields: Collection[str]) -> 
     return frozenset(numbers - texts)
 
 
+class CsvRow(NamedTuple):
+    position: int  # among the data rows of every file read, 0-based
+    values: dict[str, Any] | None  # None for a row of the wrong width
+    problem: str | None = None
+
+
 def csv_column_names(path: Path) -> list[str]:
-    with pacsv.open_csv(path) as reader:
+    """The header's names (the first block is parsed for them: its misfit rows are `_file_rows`' to tell)."""
+    parse = pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=lambda row: "skip")
+    with pacsv.open_csv(path, parse_options=parse) as reader:
         return list(reader.schema.names)
 
 
-def csv_batches(paths: list[Path], numbers: frozenset[str]) -> Iterator[pa.RecordBatch]:
-    """Each file's rows in order, in record batches; `numbers`: the columns whose type is inferred."""
+def csv_rows(paths: list[Path], numbers: frozenset[str]) -> Iterator[CsvRow]:
+    """Each file's data rows in order, numbered on from one file to the next; `numbers`: the columns
+    whose type is inferred."""
+    position = 0
     for path in paths:
-        text = {name: pa.string() for name in csv_column_names(path) if name not in numbers}
-        options = pacsv.ConvertOptions(column_types=text, strings_can_be_null=False)
-        with pacsv.open_csv(path, convert_options=options) as reader:
-            for batch in reader:
-                yield _empty_text_as_null(batch, text.keys())
+        position = yield from _file_rows(path, numbers, position)
+
+
+def _file_rows(path: Path, numbers: frozenset[str], first: int) -> Generator[CsvRow, None, int]:
+    """One file's rows from position `first`; returns the position after its last."""
+    text = {name: pa.string() for name in csv_column_names(path) if name not in numbers}
+    misfits: dict[int, str] = {}  # data row index -> why it was skipped
+
+    def skip(row: pacsv.InvalidRow) -> str:
+        if row.number is None or "\n" in row.text or "\r" in row.text:
+            # unnumbered, it could not be placed; across lines, it may be a quote left open that took
+            # every record after it into one cell: the file is refused, as it was before, losing nothing
+            return "error"
+        misfits[row.number - 2] = (f"row {row.number} of {path} has {row.actual_columns} cells where its header "
+                                   f"has {row.expected_columns}: {row.text[:200]}")
+        return "skip"
+
+    read = pacsv.ReadOptions(use_threads=False)  # rows numbered for `skip`
+    parse = pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip)
+    convert = pacsv.ConvertOptions(column_types=text, strings_can_be_null=False)
+    index = 0
+    with pacsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert) as reader:
+        for batch in reader:
+            for values in _empty_text_as_null(batch, text.keys()).to_pylist():
+                while index in misfits:
+                    yield CsvRow(first + index, None, misfits.pop(index))
+                    index += 1
+                yield CsvRow(first + index, values)
+                index += 1
+    for trailing in sorted(misfits):  # the rows after the last good one: index, index + 1, ...
+        yield CsvRow(first + trailing, None, misfits[trailing])
+    return first + index + len(misfits)
 
 
 def _empty_text_as_null(batch: pa.RecordBatch, text: Collection[str]) -> pa.RecordBatch:

@@ -30,7 +30,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specbatch.data.csv_rows import csv_batches, csv_column_names, number_columns
+from specbatch.data.csv_rows import csv_column_names, csv_rows, number_columns
 from specbatch.storage import input_exists, is_url, open_input
 
 FIELDS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop", "domain",
@@ -155,7 +155,7 @@ def iter_records(source: DatasetSource, max_record_bytes: int = MAX_RECORD_BYTES
     if source.format == "hf_saved":
         return _iter_table_rows(_hf_saved_batches(Path(source.path)))
     if source.format == "hf:csv":
-        return _iter_table_rows(_csv_rows(source))
+        return _csv_records(source)
     return _iter_hf_files(source)
 
 
@@ -371,13 +371,17 @@ def _same_parquet_columns(files: list[Path]) -> list[str]:
 
 
 def _iter_table_rows(batches: Iterator[pa.RecordBatch | pa.Table], position: int = 0) -> Iterator[RawRecord]:
-    """Rows as records, the first at `position`; a NaN cell is a missing value (pandas writes one for
-    every missing number, an integer column's too), as a null cell is."""
+    """Rows as records, the first at `position`."""
     for batch in batches:
         for row in batch.to_pylist():
-            yield RawRecord(position, {key: None if isinstance(value, float) and math.isnan(value) else value
-                                       for key, value in row.items()})
+            yield RawRecord(position, _nan_as_missing(row))
             position += 1
+
+
+def _nan_as_missing(row: dict[str, Any]) -> dict[str, Any]:
+    """A NaN cell is a missing value (pandas writes one for every missing number, an integer column's
+    too), as a null cell is."""
+    return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in row.items()}
 
 
 def _iter_parquet_files(files: Sequence[Path | str]) -> Iterator[RawRecord]:
@@ -431,7 +435,8 @@ def _refusing_read_errors(items: Iterator[Any], what: str, errors: tuple[type[Ex
     """`items` (rows, or batches of `records(item)` rows), an error raised while reading them made a
     `DatasetError`: a file that fails part-way (a CSV row with an unterminated quote, a Parquet
     file whose stream fails; a damaged Parquet row group drops only its rows) is the dataset's
-    problem, refused with one line and exit 2, not an internal failure with a traceback."""
+    problem, refused with one line and exit 2, not an internal failure with a traceback (the reader's
+    message may quote the file's lines: their line breaks are written as \\n)."""
     count = 0
     while True:
         try:
@@ -439,7 +444,8 @@ def _refusing_read_errors(items: Iterator[Any], what: str, errors: tuple[type[Ex
         except StopIteration:
             return
         except errors as error:
-            raise DatasetError(f"cannot read {what} after record {count}: {error}") from error
+            detail = str(error).replace("\r", "\\r").replace("\n", "\\n")
+            raise DatasetError(f"cannot read {what} after record {count}: {detail}") from error
         yield item
         count += records(item)
 
@@ -457,12 +463,16 @@ def _csv_header(file: Path) -> list[str]:
         raise DatasetError(f"cannot read {file} as CSV: {error}") from error
 
 
-def _csv_rows(source: DatasetSource) -> Iterator[pa.RecordBatch]:
+def _csv_records(source: DatasetSource) -> Iterator[RawRecord]:
     """CSV, the `hf:csv` format (the name it had when datasets' builder read it), read by pyarrow with
-    every cell as its text but in the number fields (`data/csv_rows.py`): an id `001` stays `001`."""
-    numbers = number_columns(source.column_map, FIELDS)
-    batches = csv_batches(_local_files(source), numbers)
-    return _refusing_read_errors(batches, f"{source.path} as CSV", (OSError, pa.ArrowException), records=len)
+    every cell as its text but in the number fields (`data/csv_rows.py`): an id `001` stays `001`; a
+    row of the wrong width is `invalid_csv_row`, the rest run."""
+    rows = csv_rows(_local_files(source), number_columns(source.column_map, FIELDS))
+    for row in _refusing_read_errors(rows, f"{source.path} as CSV", (OSError, pa.ArrowException)):
+        if row.values is None:
+            yield RawRecord(row.position, drop_reason="invalid_csv_row", drop_message=row.problem)
+        else:
+            yield RawRecord(row.position, _nan_as_missing(row.values))
 
 
 def _load_hf_saved(path: Path) -> Any:

@@ -38,6 +38,7 @@ DROP_REASONS: dict[str, str] = {
     "invalid_json": "the line is not one JSON value",
     "record_too_large": "the line is longer than the record size limit",
     "unreadable_row_group": "the Parquet row group holding the row cannot be read (a damaged page)",
+    "invalid_csv_row": "the CSV row has more or fewer cells than the header",
     "not_an_object": "the record is valid JSON but not an object",
     "invalid_id": "id / custom_id is not a non-empty string or an integer",
     "duplicate_id": "an earlier record already used this id",
