@@ -361,17 +361,38 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping naming a key twice is an error: PyYAML keeps the last
+    value, so a config that set `drafter:` twice ran the second silently and the first was lost."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may repeat what it merges
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (line {line})")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> JobConfig:
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
         except FileNotFoundError as error:
             raise ConfigError(f"config file not found: {path}") from error
         except (OSError, UnicodeDecodeError) as error:  # a folder (`--config ""` is "."), unreadable, not text
             raise ConfigError(f"cannot read config file {path}: {error}") from error
         except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
+            problem = " ".join(str(getattr(error, "problem", None) or error).split())
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from error
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping, not {type(loaded).__name__}")
         data = loaded or {}

@@ -144,3 +144,26 @@ def test_another_target_drops_the_bundled_drafters_unless_named():
     bundled = load_config(None, [])
     assert bundled.models.draft == "bundled:draft" and bundled.drafter.kind == "draft"
     assert load_config(None, ["models.target=bundled:target"]).models.eagle == "bundled:eagle"
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_it(tmp_path: Path):
+    # PyYAML keeps the last of two equal keys: the first `drafter:` section was dropped without a word
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("drafter:\n  kind: ngram\nscheduler:\n  lookahead: fixed:2\ndrafter:\n  kind: none\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'drafter' \(line 5\)"):
+        load_config(twice)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("drafter:\n  kind: ngram\n  kind: none\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'kind' \(line 3\)"):
+        load_config(nested)
+    merged = tmp_path / "merged.yaml"  # a merge key may repeat what it merges; the section's own key wins
+    merged.write_text("drafter:\n  <<: {kind: ngram}\n  kind: none\n")
+    assert load_config(merged).drafter.kind == "none"
+
+
+def test_a_config_file_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("drafter: [ngram\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(broken)
+    assert "\n" not in str(raised.value) and "not valid YAML at line 2" in str(raised.value)
