@@ -615,6 +615,24 @@ def test_a_csv_row_of_the_wrong_width_is_dropped_in_its_place_and_the_rest_run(t
     assert "row 3 of " in message and "has 3 cells where its header has 2: b,one,two" in message
 
 
+def test_a_bad_number_in_a_csv_drops_its_own_record_only(tmp_path: Path) -> None:
+    """Typed by pyarrow, one `abc` in the first block made the whole max_new_tokens column text (every
+    record dropped as invalid_max_new_tokens), and a `5.5` past it refused the whole file; each cell of
+    a number field is now read on its own."""
+    dataset = tmp_path / "d.csv"
+    rows_text = ["id,prompt,max_new_tokens,temperature", "a,one,3,0", "b,two,abc,0.5", "c,three,4,NA"]
+    rows_text += [f"n{i},filler,2,1" for i in range(60000)] + ["z,last,5.5,1e-1", "y,inf temperature,2,inf"]
+    dataset.write_text("\n".join(rows_text) + "\n")
+    rows = run(dataset, tmp_path)
+    assert len(rows) == 60005
+    picked = {r["request_id"]: (r["max_new_tokens"], r["temperature"], r["drop_reason"]) for r in rows}
+    temperature = CONFIG.sampling.temperature
+    assert picked["a"] == (3, 0.0, None) and picked["c"] == (4, temperature, None)
+    assert picked["n59999"] == (2, 1.0, None)
+    assert picked["b"][2] == picked["z"][2] == "invalid_max_new_tokens"
+    assert picked["y"][2] == "invalid_temperature"
+
+
 def test_a_csv_of_prompts_spanning_lines_is_read_past_pyarrows_first_block(tmp_path: Path) -> None:
     """Without `newlines_in_values`, a 2 MB file of prompts quoted across lines stopped at pyarrow's first
     block boundary (its parser "got out of sync with chunker"): exit 2 after 14,717 of 30,000 records."""

@@ -3,10 +3,12 @@
 CSV has no types, and a reader that guesses them changes what the file says: an id `001` became the
 integer 1 (and then collided with an id `1`), `1e3` the float 1000.0, a prompt `NA` or `null` a
 missing value. Here every column is read as its exact text (pyarrow's `ConvertOptions.column_types`,
-with no null markers for text), except the columns of the number fields (`NUMBER_FIELDS`, by the
-column each is mapped from), whose type pyarrow infers and where its usual null markers (`NA`, `nan`,
-...) are missing values. An empty cell is a missing value in every column: the only way a CSV row can
-leave a field out.
+with no null markers for text), and each cell of a number field's column (`NUMBER_FIELDS`, by the
+column each is mapped from) is read as an integer, else a float, where pyarrow's usual null markers
+(`NA`, `nan`, ...) are missing values; a cell that is neither stays text, for validation to drop its
+record alone (a column typed by pyarrow from the file's first block refused the whole file at a later
+`5.5` among whole numbers, or an `abc`). An empty cell is a missing value in every column: the only
+way a CSV row can leave a field out.
 
 A quoted cell may span lines (a prompt of several paragraphs): read without pyarrow's
 `newlines_in_values`, a 2 MB file of such prompts stopped at its first block boundary ("parser got out
@@ -61,7 +63,7 @@ def csv_rows(paths: list[Path], numbers: frozenset[str]) -> Iterator[CsvRow]:
 
 def _file_rows(path: Path, numbers: frozenset[str], first: int) -> Generator[CsvRow, None, int]:
     """One file's rows from position `first`; returns the position after its last."""
-    text = {name: pa.string() for name in csv_column_names(path) if name not in numbers}
+    text = {name: pa.string() for name in csv_column_names(path)}
     misfits: dict[int, str] = {}  # data row index -> why it was skipped
 
     def skip(row: pacsv.InvalidRow) -> str:
@@ -79,19 +81,34 @@ def _file_rows(path: Path, numbers: frozenset[str], first: int) -> Generator[Csv
     index = 0
     with pacsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert) as reader:
         for batch in reader:
-            for values in _empty_text_as_null(batch, text.keys()).to_pylist():
+            for values in _empty_text_as_null(batch).to_pylist():
                 while index in misfits:
                     yield CsvRow(first + index, None, misfits.pop(index))
                     index += 1
-                yield CsvRow(first + index, values)
+                yield CsvRow(first + index, {name: _number(value) if name in numbers else value
+                                             for name, value in values.items()})
                 index += 1
     for trailing in sorted(misfits):  # the rows after the last good one: index, index + 1, ...
         yield CsvRow(first + trailing, None, misfits[trailing])
     return first + index + len(misfits)
 
 
-def _empty_text_as_null(batch: pa.RecordBatch, text: Collection[str]) -> pa.RecordBatch:
+def _empty_text_as_null(batch: pa.RecordBatch) -> pa.RecordBatch:
     missing = pa.scalar(None, pa.string())
-    arrays = [pc.if_else(pc.equal(column, ""), missing, column) if name in text else column
-              for name, column in zip(batch.schema.names, batch.columns, strict=True)]
+    arrays = [pc.if_else(pc.equal(column, ""), missing, column) for column in batch.columns]
     return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)
+
+
+def _number(cell: str | None) -> int | float | str | None:
+    """A number field's cell: an integer, else a float, None for a null marker, else its text."""
+    if cell is None or cell in _NULL_MARKERS:
+        return None
+    for parse in (int, float):
+        try:
+            return parse(cell)
+        except ValueError:
+            pass
+    return cell
+
+
+_NULL_MARKERS = frozenset(pacsv.ConvertOptions().null_values)  # pyarrow's own: NA, nan, null, #N/A, ...
