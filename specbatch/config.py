@@ -396,14 +396,18 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping, not {type(loaded).__name__}")
         data = loaded or {}
-    data = apply_overrides(data, overrides or [])
+    return validate_config(apply_overrides(data, overrides or []))
+
+
+def validate_config(data: dict[str, Any], what: str = "invalid config") -> JobConfig:
+    """`data` as a JobConfig; a `ConfigError` in one line naming each bad field, not pydantic's report."""
     try:
         return JobConfig.model_validate(data)
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
         )
-        raise ConfigError(f"invalid config: {problems}") from error
+        raise ConfigError(f"{what}: {problems}") from error
 
 
 def config_to_dict(config: JobConfig) -> dict[str, Any]:

@@ -167,3 +167,11 @@ def test_a_config_file_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path):
     with pytest.raises(ConfigError) as raised:
         load_config(broken)
     assert "\n" not in str(raised.value) and "not valid YAML at line 2" in str(raised.value)
+
+
+@pytest.mark.parametrize(("spec", "field"), [("bogus", "scheduler.order"), ("fcfs/bogus", "scheduler.lookahead")])
+def test_a_bad_policy_spec_is_one_line_naming_its_field(spec, field):
+    # it was pydantic's report: several lines, with a link to its docs
+    with pytest.raises(ConfigError) as raised:
+        policy_config(JobConfig(), spec)
+    assert "\n" not in str(raised.value) and str(raised.value).startswith(f"policy {spec!r}: {field}: ")

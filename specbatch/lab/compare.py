@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specbatch.config import ConfigError, JobConfig, apply_overrides, config_to_dict
+from specbatch.config import ConfigError, JobConfig, apply_overrides, config_to_dict, validate_config
 from specbatch.report import build_report
 from specbatch.sched.costmodel import CostModel
 from specbatch.sched.factory import resolve_cost_model
@@ -61,10 +61,7 @@ def policy_config(config: JobConfig, spec: str) -> JobConfig:
         if token.strip():
             overrides.append(f"scheduler.{POLICY_FIELDS[position]}={token.strip()}")
         position += 1
-    try:
-        return JobConfig.model_validate(apply_overrides(config_to_dict(config), overrides))
-    except ValueError as error:
-        raise ConfigError(f"policy {spec!r}: {error}") from error
+    return validate_config(apply_overrides(config_to_dict(config), overrides), f"policy {spec!r}")
 
 
 def policy_slug(spec: str) -> str:
