@@ -183,3 +183,12 @@ def test_sigterm_before_prefect_starts_exits_130_with_a_message(tmp_path):
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["interrupted before the job started; nothing was run"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["calibrate", "no-such-job"], "error: no job directory at no-such-job"),  # was "0 committed rounds"
+    (["simulate", "--requests", "0"], "error: --requests must be at least 1, got 0"),  # was a failed report
+])
+def test_lab_commands_refuse_what_has_nothing_to_work_on(tmp_path, args, message):
+    assert _one_error_line(_cli(*args, cwd=tmp_path)) == message
+    assert not (tmp_path / "outputs").exists()

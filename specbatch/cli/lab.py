@@ -101,6 +101,8 @@ def calibrate(
     """Fit the round-time cost model on a job's rounds and save it (with its own error) for a config."""
     from specbatch.lab.calibrate import calibrate as fit
 
+    if not job_dir.is_dir():  # else "0 committed rounds", as if a job had run and committed none
+        fail(f"no job directory at {job_dir}")
     try:
         model = fit(job_dir)
     except (ValueError, FileNotFoundError) as error:
@@ -145,6 +147,8 @@ def simulate(
     from specbatch.sim.run import SimOptions
 
     try:
+        if requests < 1:  # zero ran every policy's job, then failed its report: no committed parts
+            raise ValueError(f"--requests must be at least 1, got {requests}")
         job_config = load_config(config, set_)
         tokens, _, num_prefixes = shared_prefix.partition(":")
         if not tokens.isdigit() or not (num_prefixes or "1").isdigit():
