@@ -192,3 +192,20 @@ def test_sigterm_before_prefect_starts_exits_130_with_a_message(tmp_path):
 def test_lab_commands_refuse_what_has_nothing_to_work_on(tmp_path, args, message):
     assert _one_error_line(_cli(*args, cwd=tmp_path)) == message
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--prompts", "0"], "--prompts"),  # was a traceback: max() of no prompts
+    (["--max-new-tokens", "0"], "--max-new-tokens"),  # was transformers' traceback from hf-generate
+    (["--job-prompts", "0"], "--job-prompts"),
+])
+def test_bench_refuses_a_count_below_one_naming_the_option(tmp_path, args, option):
+    done = _cli("bench", "--batch-size", "1", *args, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and option in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("where", ["missing/x.json", "."])
+def test_bench_refuses_a_json_path_it_cannot_write_before_it_runs(tmp_path, where):
+    # a missing folder was a traceback after every run of the bench, its results lost
+    done = _cli("bench", "--prompts", "1", "--batch-size", "1", "--json", where, cwd=tmp_path)
+    assert _one_error_line(done).startswith(f"error: --json: cannot write {where}")

@@ -16,8 +16,9 @@ commands = typer.Typer()
 
 @commands.command()
 def bench(
-    prompts: Annotated[int, typer.Option(help="held-out prompts (half code, half prose)")] = 64,
-    max_new_tokens: Annotated[int, typer.Option(help="largest max_new_tokens (drawn per request from 16..N)")] = 128,
+    prompts: Annotated[int, typer.Option(min=1, help="held-out prompts (half code, half prose)")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="largest max_new_tokens (drawn per request from 16..N)")]
+    = 128,
     batch_size: Annotated[str, typer.Option(help="batch rows for hf-generate and specbatch; several make a "
                                                   "grid, e.g. 1,8,32,128")] = "32",
     json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
@@ -27,7 +28,7 @@ def bench(
     suite: Annotated[str, typer.Option(help="engine (vs HF) or policies")] = "engine",
     graphs: Annotated[str, typer.Option(help="graph modes to run specbatch in, comma-separated: "
                                              "eager,compile,cuda-graphs")] = "eager",
-    job_prompts: Annotated[int, typer.Option(help="job size over which graph capture is charged")] = 2000,
+    job_prompts: Annotated[int, typer.Option(min=1, help="job size over which graph capture is charged")] = 2000,
     prompts_file: Annotated[Path | None, typer.Option(
         help="a dataset a job could run (JSONL, Parquet, ...): its first --prompts records instead of held-out ones",
     )] = None,
@@ -77,6 +78,8 @@ def bench(
         fail("--batch-size: every batch size must be at least 1")
     if peer not in (None, "vllm"):
         fail(f"--peer: the only peer is vllm, not {peer!r}")
+    if json_path is not None and (json_path.is_dir() or not json_path.parent.is_dir()):  # not after the runs
+        fail(f"--json: cannot write {json_path} (a folder, or its folder does not exist)")
     try:
         results = run_bench(prompts, max_new_tokens, batch_sizes, config, set_, assisted_prompts, console,
                             tuple(mode.strip() for mode in graphs.split(",")), job_prompts, prompts_file,
