@@ -209,3 +209,19 @@ def test_bench_refuses_a_json_path_it_cannot_write_before_it_runs(tmp_path, wher
     # a missing folder was a traceback after every run of the bench, its results lost
     done = _cli("bench", "--prompts", "1", "--batch-size", "1", "--json", where, cwd=tmp_path)
     assert _one_error_line(done).startswith(f"error: --json: cannot write {where}")
+
+
+def test_a_quoted_home_in_the_dataset_and_output_is_the_home_folder(tmp_path, tiny_pair):
+    """`--output '~/jobs'` (the shell leaves a quoted `~`) wrote the job under ./~ while the Parquet
+    readers, expanding it, read the home folder: exit 1 on the job's first shard."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    home.mkdir()
+    write_jsonl(home / "d.jsonl", [{"id": f"r{i}", "prompt": f"hello {i}", "max_new_tokens": 3} for i in range(3)])
+    config = str(write_config(tmp_path, tiny_pair))
+    done = _cli("submit", "~/d.jsonl", "--config", config, "--job-id", "j", "--output", "~/jobs", cwd=work,
+                env={"HOME": str(home)}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = (home / "jobs" / "j" / "results.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["request_id"] for line in lines) == ["r0", "r1", "r2"]
+    assert not (work / "~").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -68,6 +69,7 @@ def submit(
                 job_config = _job_config(config, overrides)  # validated here too: exit 2 before anything starts
                 job_id = check_job_id(default_job_id() if job_id is None else job_id)
                 column_map = _column_map(column)
+                dataset, output = _expand_home(dataset), None if output is None else _expand_home(output)
                 _check_output(output)
             except usage_errors() as error:
                 fail(str(error))
@@ -175,6 +177,13 @@ def _column_map(column: list[str]) -> dict[str, str] | None:
     if twice:
         raise ConfigError(f"--column maps {', '.join(twice)} more than once: {column}")
     return dict(pairs) if pairs else None
+
+
+def _expand_home(location: str) -> str:
+    """A local path's leading `~` as the shell would expand it (a quoted one, from a script or a config,
+    reached here as it is): the job was written under ./~ while the Parquet readers, expanding it, read
+    the home folder, and the job failed on its first shard."""
+    return location if is_url(location) else os.path.expanduser(location)
 
 
 def _check_output(output: str | None) -> None:
