@@ -64,6 +64,7 @@ def test_kill_9_then_resume_gives_each_record_once(tmp_path, reference_job, cras
     assert_completed_as(kill_then_resume(dataset, config, "job", tmp_path, crash_at), reference)
 
 
+@pytest.mark.slow  # 32 s; the default suite's kill -9 resume checks the mechanism, test_ingest the dropped rows
 def test_a_damaged_parquet_row_group_is_dropped_once_across_kill_9_and_resume(tmp_path, tiny_pair):
     """The damaged group's rows are dropped (ids by position), the others complete; a kill -9 between
     parts and a resume give each row once."""
