@@ -199,8 +199,8 @@ class GrammarRuntime:
         token failed the row). A special token the matcher refuses at a position leaves its mask; a
         position left with none gets the forced text's first token read without special tokens.
         bitmask: [positions, words]; row r's positions start at firsts[r]."""
-        ids = torch.tensor(self.special_ids, dtype=torch.int32)
-        hits = ((bitmask[:, ids // 32] >> (ids % 32)) & 1).nonzero().tolist()  # [[position, index of the id]]
+        words, shifts = self._special_bits
+        hits = ((bitmask[:, words] >> shifts) & 1).nonzero().tolist()  # [[position, index of the id]]
         for position, index in hits:
             row = bisect.bisect_right(firsts, position) - 1
             matcher, drafts = work[row]
@@ -222,6 +222,12 @@ class GrammarRuntime:
         tokens = self.hf_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)[:1] if text else []
         if tokens and tokens[0] < self.vocab_size and matcher.validate_tokens([*prefix, *tokens]) == len(prefix) + 1:
             mask[tokens[0] // 32] |= _bit(tokens[0])
+
+    @cached_property
+    def _special_bits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each special id's bitmask word and bit, built once rather than at every mask fill."""
+        ids = torch.tensor(self.special_ids, dtype=torch.int32)
+        return ids // 32, ids % 32
 
     @cached_property
     def special_ids(self) -> list[int]:
